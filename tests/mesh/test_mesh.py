@@ -1,0 +1,99 @@
+"""Mesh: torch_xla semantics, JAX conversion, sub-meshes, torch bridge, bad input."""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import mesh as m
+import numpy as np
+import pytest
+import jax
+from torch.distributed.device_mesh import DeviceMesh
+
+
+def test_shape_and_logical_mesh_follow_torch_xla_docs():
+    mesh = m.Mesh(np.array(range(8)), (4, 2), ("x", "y"))
+    assert mesh.shape() == OrderedDict([("x", 4), ("y", 2)])
+    assert mesh.size() == 8
+    np.testing.assert_array_equal(mesh.get_logical_mesh(), np.arange(8).reshape(4, 2))
+    assert mesh.get_axis_name_idx("y") == 1
+    assert mesh.axis_index(-1) == 1 and mesh.axis_size("x") == 4
+
+
+def test_unnamed_mesh_keys_axes_by_index():
+    mesh = m.Mesh(range(8), (2, 2, 2))
+    assert mesh.shape() == OrderedDict([(0, 2), (1, 2), (2, 2)])
+    assert mesh.jax_axis_names == ("dim0", "dim1", "dim2")
+
+
+def test_jax_mesh_keeps_device_order_and_auto_axes():
+    order = [7, 6, 5, 4, 3, 2, 1, 0]
+    jm = m.Mesh(order, (2, 4), ("data", "model")).jax_mesh()
+    assert [d.id for d in jm.devices.reshape(-1)] == order
+    assert jm.axis_names == ("data", "model")
+    assert all(t == jax.sharding.AxisType.Auto for t in jm.axis_types)
+
+
+def test_equality_and_hash():
+    a = m.Mesh(range(8), (2, 4), ("a", "b"))
+    assert a == m.Mesh(list(range(8)), [2, 4], ["a", "b"]) and hash(a) == hash(m.Mesh(range(8), (2, 4), ("a", "b")))
+    assert a != m.Mesh(range(8), (4, 2), ("a", "b"))
+    assert a != m.Mesh(range(8), (2, 4), ("a", "c"))
+    assert len({a, m.Mesh(range(8), (2, 4), ("a", "b"))}) == 1
+
+
+def test_sub_mesh_slices_one_group_and_remembers_root():
+    mesh = m.Mesh(range(8), (2, 4), ("dp", "tp"))
+    tp, dp = mesh["tp"], mesh["dp"]
+    assert tp.get_logical_mesh().tolist() == [0, 1, 2, 3] and tp.root is mesh and tp.root_axes == (1,)
+    assert dp.get_logical_mesh().tolist() == [0, 4] and dp.root_axes == (0,)
+    both = mesh[("tp", "dp")]
+    np.testing.assert_array_equal(both.get_logical_mesh(), np.arange(8).reshape(2, 4).T)
+    assert both.root_axes == (1, 0)
+
+
+def test_global_mesh_round_trip():
+    mesh = m.Mesh(range(8), (8,), ("data",))
+    try:
+        m.set_global_mesh(mesh)
+        assert m.get_global_mesh() is mesh
+    finally:
+        m.set_global_mesh(None)
+    assert m.get_global_mesh() is None
+    with pytest.raises(TypeError, match="set_global_mesh expects"):
+        m.set_global_mesh("data")
+
+
+def test_from_torch_keeps_order_and_names():
+    ids = [[3, 1, 2, 0], [7, 5, 6, 4]]
+    mesh = m.from_torch(DeviceMesh("xla", ids, mesh_dim_names=("dp", "tp")))
+    assert mesh.get_logical_mesh().tolist() == ids and mesh.axis_names == ("dp", "tp")
+    with pytest.raises(TypeError, match="DeviceMesh"):
+        m.from_torch(np.arange(4))
+
+
+@pytest.mark.parametrize("args, exc, text", [
+    ((range(8), (3, 2)), m.MeshShapeError, "holds 6 devices but 8"),
+    ((range(8), (0, 8)), m.MeshShapeError, "sizes >= 1"),
+    (([0, 1, 1, 2], (4,)), m.DeviceIdError, r"duplicated: \[1\]"),
+    (([0, -1], (2,)), m.DeviceIdError, r"\[-1\]"),
+    (([0.5, 1.0], (2,)), m.DeviceIdError, "integers"),
+    ((range(4), (2, 2), ("a", "a")), m.AxisError, r"\['a'\] used more than once"),
+    ((range(4), (2, 2), ("a",)), m.AxisError, "1 names for a 2-D mesh"),
+    ((range(4), (4,), "a"), m.AxisError, "got the string"),
+])
+def test_bad_meshes_raise_specific_errors(args, exc, text):
+    with pytest.raises(exc, match=text):
+        m.Mesh(*args)
+    assert issubclass(exc, ValueError)
+
+
+def test_unknown_axis_and_device_errors_list_what_exists():
+    mesh = m.Mesh(range(8), (2, 4), ("dp", "tp"))
+    with pytest.raises(m.AxisError, match=r"unknown mesh axis 'pp'.*\['dp', 'tp'\]"):
+        mesh.axis_index("pp")
+    with pytest.raises(m.AxisError, match="out of range"):
+        mesh.axis_index(2)
+    with pytest.raises(m.AxisError, match="twice"):
+        mesh[("tp", "tp")]
+    with pytest.raises(m.DeviceIdError, match=r"\[8, 9\] are not among JAX's devices"):
+        m.Mesh(range(2, 10), (8,)).jax_mesh()
