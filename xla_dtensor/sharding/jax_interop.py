@@ -14,9 +14,15 @@ from xla_dtensor.sharding.spec import ShardingSpec
 
 
 def mesh_from_jax(jax_mesh: Any) -> Mesh:
-    """The :class:`mesh.Mesh` with the same device ids, order and axis names as a JAX mesh."""
+    """The :class:`mesh.Mesh` with the same device ids, order and axis names as a JAX mesh.
+
+    Axis names ``dim0, dim1, ...`` (what an unnamed :class:`mesh.Mesh` is called in JAX)
+    give an unnamed mesh.
+    """
     ids = [d.id for d in jax_mesh.devices.reshape(-1)]
-    return Mesh(ids, jax_mesh.devices.shape, tuple(jax_mesh.axis_names))
+    names = tuple(jax_mesh.axis_names)
+    unnamed = names == tuple(f"dim{i}" for i in range(len(names)))
+    return Mesh(ids, jax_mesh.devices.shape, None if unnamed else names)
 
 
 def spec_from_jax(sharding: Any, ndim: int, mesh: Mesh | None = None) -> ShardingSpec:

@@ -88,9 +88,10 @@ def spec_to_placements(spec: ShardingSpec) -> tuple[Any, ...]:
     for d, axes in enumerate(spec.dim_axes):
         if list(axes) != sorted(axes):
             names = [spec.mesh.axis_name(a) for a in axes]
+            ordered = [spec.mesh.axis_name(a) for a in sorted(axes)]
             raise NotExpressibleError(
                 f"tensor dim {d} is split by mesh axes {names} (major first); DTensor placements "
-                f"split one dim in mesh-axis order only ({sorted(names, key=spec.mesh.axis_index)}). "
+                f"split one dim in mesh-axis order only ({ordered}). "
                 "Use the torch_xla partition spec or HLO form for this layout")
         for a in axes:
             out[a] = Shard(d)
