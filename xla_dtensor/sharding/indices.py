@@ -8,7 +8,8 @@ stores such a tensor padded to ``c * k`` rows; padding rows are never data.)
 When several mesh axes cut one dim, the default (``nested=False``) cuts it once
 into the product of their sizes, like XLA and torch_xla. DTensor's own
 ``[Shard(0), Shard(0)]`` instead chunks nested, axis by axis; ``nested=True`` gives
-that. The two agree whenever every cut is even.
+that. The two agree whenever every cut is even. An empty shard is always
+``slice(n, n)`` (DTensor's offset for it).
 """
 from __future__ import annotations
 
@@ -86,6 +87,8 @@ def _spec_indices(spec: ShardingSpec, shape: tuple[int, ...], nested: bool) -> d
                 for a in axes:
                     lo, hi = chunk_range(stop - start, sizes[a], coord[a])
                     start, stop = start + lo, start + hi
+                if start == stop:  # empty shards sit at the end, as in DTensor
+                    start = stop = n
             else:
                 i = 0
                 for a in axes:
