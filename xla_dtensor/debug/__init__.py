@@ -2,8 +2,11 @@
 
 Example:
     >>> from xla_dtensor.debug import render_sharding
-    >>> "│ 0 " in render_sharding("{devices=[2]<=[2]}", (4,), color=False).plain
-    True
+    >>> print(render_sharding("{devices=[2]<=[2]}", (4,), width=13, color=False).plain)
+    {devices=[2]<=[2]} on global shape (4,)
+    ┌─────┬─────┐
+    │  0  │  1  │
+    └─────┴─────┘
 """
 from __future__ import annotations
 

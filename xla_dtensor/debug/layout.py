@@ -151,8 +151,9 @@ def _note_uneven(layout: Any, shape: tuple[int, ...], idx: dict[int, tuple[slice
                          "full shards first, the last ones shorter)")
     empty = sorted(dev for dev, s in idx.items() if any(x.stop == x.start for x in s))
     if empty and not any(n == 0 for n in shape):
-        notes.append(f"empty shards: device{'s' if len(empty) > 1 else ''} {_id_list(empty)} "
-                     "hold no elements (not drawn)")
+        many = len(empty) > 1
+        notes.append(f"empty shards: device{'s' if many else ''} {_id_list(empty)} "
+                     f"hold{'' if many else 's'} no elements (not drawn)")
 
 
 def _cells(idx: dict[int, tuple[slice, ...]], shape: tuple[int, ...], shown: tuple[int, ...]
