@@ -35,7 +35,7 @@ class HybridMesh(Mesh):
 
     Example:
         >>> m = HybridMesh(ici_mesh_shape=(1, 4, 1), dcn_mesh_shape=(2, 1, 1),
-        ...                axis_names=("data", "fsdp", "tensor"))
+        ...                axis_names=("data", "fsdp", "tensor"), num_granules=2)
         >>> m.shape()
         OrderedDict([('data', 2), ('fsdp', 4), ('tensor', 1)])
         >>> m.axis_kinds()
@@ -60,8 +60,10 @@ class HybridMesh(Mesh):
         granules = group_granules(devices, num_granules)
         want = int(np.prod(dcn))
         if len(granules) != want:
+            hint = (f"; on devices without slices or several processes, pass num_granules={want} "
+                    "to simulate them") if len(granules) == 1 and num_granules is None else ""
             raise MeshShapeError(f"dcn_mesh_shape {dcn} needs {want} granules but the devices "
-                                 f"form {len(granules)} (sizes {[len(g) for g in granules]})")
+                                 f"form {len(granules)} (sizes {[len(g) for g in granules]}){hint}")
         per = int(np.prod(ici))
         bad = [len(g) for g in granules if len(g) != per]
         if bad:

@@ -79,6 +79,8 @@ class Mesh:
                             f"(allowed: {-self.ndim}..{self.ndim - 1})")
         if isinstance(axis, str) and self.axis_names and axis in self.axis_names:
             return self.axis_names.index(axis)
+        if isinstance(axis, str) and not self.axis_names and axis in self.jax_axis_names:
+            return self.jax_axis_names.index(axis)  # "dim{i}" names the axis of an unnamed mesh
         raise AxisError(f"unknown mesh axis {axis!r}; this mesh has axes "
                         f"{list(self.axis_names or range(self.ndim))}")
 
@@ -92,7 +94,7 @@ class Mesh:
 
     @property
     def jax_axis_names(self) -> tuple[str, ...]:
-        return tuple(self.axis_name(i) for i in range(self.ndim))
+        return self.axis_names or tuple(f"dim{i}" for i in range(self.ndim))
 
     # -- sub-meshes ----------------------------------------------------------------
     def __getitem__(self, axes: str | Sequence[str]) -> Mesh:

@@ -74,9 +74,11 @@ def test_hybrid_mesh_topology_puts_dcn_links_on_cross_granule_axes():
 @pytest.mark.parametrize("kwargs, text", [
     (dict(ici_mesh_shape=(4,), dcn_mesh_shape=(2, 1)), "same number of axes"),
     (dict(ici_mesh_shape=(4,), dcn_mesh_shape=(4,), num_granules=2), r"needs 4 granules but the devices form 2"),
+    (dict(ici_mesh_shape=(4,), dcn_mesh_shape=(2,)), r"form 1 \(sizes \[8\]\); .* pass num_granules=2"),
     (dict(ici_mesh_shape=(2,), dcn_mesh_shape=(2,), num_granules=2), "needs 2 devices per granule"),
     (dict(ici_mesh_shape=(4,), dcn_mesh_shape=(2,), num_granules=3), "must be >= 1 and divide the 8"),
 ])
 def test_bad_hybrid_meshes(kwargs, text):
+    kwargs = dict(kwargs)
     with pytest.raises(m.MeshShapeError, match=text):
         m.HybridMesh(**kwargs)

@@ -23,6 +23,7 @@ def test_unnamed_mesh_keys_axes_by_index():
     mesh = m.Mesh(range(8), (2, 2, 2))
     assert mesh.shape() == OrderedDict([(0, 2), (1, 2), (2, 2)])
     assert mesh.jax_axis_names == ("dim0", "dim1", "dim2")
+    assert mesh.axis_index("dim2") == 2 and mesh.axis_name(1) == "dim1"
 
 
 def test_jax_mesh_keeps_device_order_and_auto_axes():

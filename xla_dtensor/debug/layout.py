@@ -145,10 +145,12 @@ def _shown_dims(shape: tuple[int, ...], dims: Sequence[int] | None, notes: list[
 def _note_uneven(layout: Any, shape: tuple[int, ...], idx: dict[int, tuple[slice, ...]],
                  notes: list[str]) -> None:
     for d, n in enumerate(shape):
-        sizes = sorted({s[d].stop - s[d].start for s in idx.values()}, reverse=True)
-        if len(sizes) > 1:
-            notes.append(f"uneven: dim {d} (size {n}) has shards of {sizes} elements (torch.chunk: "
-                         "full shards first, the last ones shorter)")
+        starts = sorted({(s[d].start, s[d].stop) for s in idx.values()})
+        sizes = [stop - start for start, stop in starts]
+        if len(set(sizes)) > 1:
+            notes.append(f"uneven: dim {d} (size {n}) is cut into shards of sizes "
+                         f"{', '.join(map(str, sizes))} (torch.chunk: full shards first, the "
+                         "last ones shorter or empty)")
     empty = sorted(dev for dev, s in idx.items() if any(x.stop == x.start for x in s))
     if empty and not any(n == 0 for n in shape):
         many = len(empty) > 1
