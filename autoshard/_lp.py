@@ -191,17 +191,20 @@ class _Heartbeat:
 
 
 @contextlib.contextmanager
-def _stdout_to_stderr():
-    """Send the native solver log (C-level stdout) to stderr for the duration."""
+def _stdout_to(path: str | None):
+    """Send C-level stdout (the native solver log) to ``path``, or stderr if None."""
     sys.stdout.flush()
     saved = os.dup(1)
+    target = os.open(path, os.O_WRONLY) if path else None
     try:
-        os.dup2(2, 1)
+        os.dup2(2 if target is None else target, 1)
         yield
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
+        if target is not None:
+            os.close(target)
 
 
 def solve_model(model: Model, solver: str, time_limit: float, *, integer: bool,
@@ -224,10 +227,11 @@ def solve_model(model: Model, solver: str, time_limit: float, *, integer: bool,
     if params:
         s.set_solver_specific_parameters(params)
     if log is None:
-        s.solve(h)
+        with _stdout_to(os.devnull) if solver == "highs" else contextlib.nullcontext():
+            s.solve(h)  # HiGHS prints its banner to stdout even without output enabled
     else:  # NOTE: this pybind build has no std::function caster, so no log callback
         s.enable_output(True)
-        with _stdout_to_stderr(), _Heartbeat(log, t0, time_limit):
+        with _stdout_to(None), _Heartbeat(log, t0, time_limit):
             s.solve(h)
     status = s.status().name
     x = s.variable_values() if s.has_solution() else None

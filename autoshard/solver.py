@@ -105,6 +105,13 @@ def _is_integral(red: Reduced, model: Model, x: np.ndarray) -> bool:
     return bool(np.all(np.minimum(np.abs(xs), np.abs(1 - xs)) <= 1e-6))
 
 
+def _greedy(red: Reduced, model: Model) -> np.ndarray:
+    """Each free node's cheapest allowed strategy under the folded node costs."""
+    x = np.zeros(model.lb.size)
+    x[:model.num_s] = -red.cost[model.sg]
+    return _plan_from_x(red, model, x)
+
+
 def _hint(red: Reduced, model: Model, ws: np.ndarray) -> np.ndarray:
     f = red.flat
     choice = f.off[:-1] + ws
@@ -247,9 +254,10 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
             log(f"warm start: objective {cost:.10g}")
     if model.num_s == 0:  # everything fixed by presolve
         return _finish(problem, red.fixed, SolveStatus.OPTIMAL, -math.inf, t0, "presolve", stats, log)
-    bound = -math.inf
+    bound, lp_x = -math.inf, None
     if lp_first:
         res = solve_model(model, lp_solver, max(0.3 * left(), 0.5), integer=False)
+        lp_x = res.x
         log(f"LP relaxation ({lp_solver}): {res.status} {res.objective:.10g} in {res.seconds:.1f}s")
         if res.status == "OPTIMAL":
             bound = res.objective
@@ -260,9 +268,19 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
                     return _finish(problem, plan, SolveStatus.OPTIMAL, bound, t0, "lp", stats, log)
         elif res.status == "INFEASIBLE":
             return infeasible("lp")
-    hint = None if ws is None else _hint(red, model, ws)
+    for name, cand in (("greedy", _greedy(red, model)),
+                       ("lp rounding", None if lp_x is None else _plan_from_x(red, model, lp_x))):
+        if cand is not None:
+            cost, ok, _ = evaluate(problem, cand)
+            log(f"{name} plan: objective {cost:.10g}{'' if ok else ' (infeasible)'}")
+            if ok and cost < best_cost:
+                best_plan, best_cost, phase = cand, cost, name
+    # NOTE: OR-tools 9.15's HiGHS interface segfaults on some hinted models (seen on a
+    # 7-variable one), so HiGHS gets no hint; the incumbent still backs up its result.
+    hint = (None if best_plan is None or mip_solver == "highs"
+            else _hint(red, model, np.asarray(best_plan)))
     params = _PARAMS.get(mip_solver, "").format(gap=rel_gap)
-    log(f"MIP ({mip_solver}) with {left():.1f}s left" + (", warm start hinted" if ws is not None else ""))
+    log(f"MIP ({mip_solver}) with {left():.1f}s left" + (f", hint from {phase}" if hint is not None else ""))
     res = solve_model(model, mip_solver, max(left(), 0.1), integer=True, hint=hint, params=params,
                       log=log.solver_line if verbose else None)
     log(f"MIP: {res.status} objective {res.objective:.10g} bound {res.bound:.10g} in {res.seconds:.1f}s")
