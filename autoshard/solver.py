@@ -106,10 +106,36 @@ def _is_integral(red: Reduced, model: Model, x: np.ndarray) -> bool:
 
 
 def _greedy(red: Reduced, model: Model) -> np.ndarray:
-    """Each free node's cheapest allowed strategy under the folded node costs."""
-    x = np.zeros(model.lb.size)
-    x[:model.num_s] = -red.cost[model.sg]
-    return _plan_from_x(red, model, x)
+    """Nodes in index order, each taking its cheapest strategy given the earlier choices.
+
+    Edge entries run from the lower node (A) to the higher (B), so node v only needs
+    the entries whose B belongs to v; a missing (``inf``) entry rules the pair out.
+    """
+    f = red.flat
+    plan = red.fixed.copy()
+    choice = np.full(f.n, -1, np.int64)
+    fixed = plan >= 0
+    choice[fixed] = f.off[:-1][fixed] + plan[fixed]
+    nb = f.node_of[red.B]
+    order = np.argsort(nb, kind="stable")
+    A, B, c, nb = red.A[order], red.B[order], red.c[order], nb[order]
+    lo, hi = np.searchsorted(nb, np.arange(f.n)), np.searchsorted(nb, np.arange(f.n), "right")
+    for v in np.flatnonzero(~fixed).tolist():
+        g0, g1 = int(f.off[v]), int(f.off[v + 1])
+        score = np.where(red.allowed[g0:g1], red.cost[g0:g1], np.inf)
+        a, b, cc = A[lo[v]:hi[v]], B[lo[v]:hi[v]], c[lo[v]:hi[v]]
+        if a.size:
+            na = f.node_of[a]
+            extra = np.zeros(g1 - g0)
+            hits = np.zeros(g1 - g0, np.int64)
+            on = a == choice[na]
+            np.add.at(extra, b[on] - g0, cc[on])
+            np.add.at(hits, b[on] - g0, 1)
+            score = np.where(hits == np.unique(na).size, score + extra, np.inf)
+        best = int(np.argmin(score)) if np.isfinite(score).any() else int(np.argmax(red.allowed[g0:g1]))
+        choice[v] = g0 + best
+        plan[v] = best
+    return plan
 
 
 def _hint(red: Reduced, model: Model, ws: np.ndarray) -> np.ndarray:
