@@ -29,7 +29,7 @@ from autoshard._presolve import Flat, InvalidProblemError, Reduced, flatten, red
 from autoshard.evaluate import check_strategies, evaluate, memory_profile
 from autoshard.problem import Problem
 
-__all__ = ["SolveStatus", "Solution", "MemoryBudgetError", "InvalidProblemError",
+__all__ = ["SolveStatus", "Solution", "MemoryBudgetError", "InvalidProblemError", "SolverError",
            "SolverTimeoutWarning", "solve_problem"]
 
 _PARAMS = {
@@ -44,6 +44,22 @@ class SolveStatus(str, Enum):
     FEASIBLE = "FEASIBLE"                    # time limit hit; ``gap`` says how far from proven
     INFEASIBLE = "INFEASIBLE"                # no plan with finite cost exists
     TIMEOUT_NO_SOLUTION = "TIMEOUT_NO_SOLUTION"
+
+
+class SolverError(RuntimeError):
+    """The OR-tools backend rejected the model or its parameters (a bug, not a user error)."""
+
+
+def _check_choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{what}={value!r} is not supported; choose one of {allowed}")
+
+
+def _checked(res: LpResult) -> LpResult:
+    if res.status in ("MODEL_INVALID", "INVALID_SOLVER_PARAMETERS", "SOLVER_TYPE_UNAVAILABLE",
+                      "INCOMPATIBLE_OPTIONS", "ABNORMAL"):
+        raise SolverError(f"OR-tools returned {res.status}")
+    return res
 
 
 class SolverTimeoutWarning(UserWarning):
@@ -252,6 +268,9 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
         >>> sol.status.value, sol.objective, sol.strategies
         ('OPTIMAL', 1.0, (0, 1))
     """
+    _check_choice("mip_solver", mip_solver, ("scip", "highs", "cp_sat"))
+    _check_choice("lp_solver", lp_solver, ("glop", "pdlp"))
+    _check_choice("memory_form", memory_form, ("auto", "direct", "incremental"))
     t0 = time.perf_counter()
     log = _Log(verbose, t0)
     left = lambda: time_limit - (time.perf_counter() - t0)  # noqa: E731
@@ -282,7 +301,8 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
         return _finish(problem, red.fixed, SolveStatus.OPTIMAL, -math.inf, t0, "presolve", stats, log)
     bound, lp_x = -math.inf, None
     if lp_first:
-        res = solve_model(model, lp_solver, max(0.3 * left(), 0.5), integer=False)
+        res = _checked(solve_model(model, lp_solver, max(0.3 * left(), 0.5), integer=False,
+                                   log=log.solver_line if verbose else None))
         lp_x = res.x
         log(f"LP relaxation ({lp_solver}): {res.status} {res.objective:.10g} in {res.seconds:.1f}s")
         if res.status == "OPTIMAL":
@@ -307,8 +327,8 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
             else _hint(red, model, np.asarray(best_plan)))
     params = _PARAMS.get(mip_solver, "").format(gap=rel_gap)
     log(f"MIP ({mip_solver}) with {left():.1f}s left" + (f", hint from {phase}" if hint is not None else ""))
-    res = solve_model(model, mip_solver, max(left(), 0.1), integer=True, hint=hint, params=params,
-                      log=log.solver_line if verbose else None)
+    res = _checked(solve_model(model, mip_solver, max(left(), 0.1), integer=True, hint=hint,
+                               params=params, log=log.solver_line if verbose else None))
     log(f"MIP: {res.status} objective {res.objective:.10g} bound {res.bound:.10g} in {res.seconds:.1f}s")
     bound = max(bound, res.bound)
     if res.x is not None:
