@@ -154,6 +154,17 @@ def _greedy(red: Reduced, model: Model) -> np.ndarray:
     return plan
 
 
+def _trivial_bound(red: Reduced) -> float:
+    """Constant + each free node's cheapest strategy + each kept edge's cheapest entry."""
+    f = red.flat
+    free = (red.fixed < 0) & (np.bincount(f.node_of, weights=red.allowed, minlength=f.n) > 0)
+    cost = np.where(red.allowed & free[f.node_of], red.cost, np.inf)
+    node = np.minimum.reduceat(cost, f.off[:-1])[free] if f.n else np.zeros(0)
+    edge = np.full(red.num_edges, np.inf)
+    np.minimum.at(edge, red.edge, red.c)
+    return red.const + math.fsum(node.tolist()) + math.fsum(edge.tolist())
+
+
 def _hint(red: Reduced, model: Model, ws: np.ndarray) -> np.ndarray:
     f = red.flat
     choice = f.off[:-1] + ws
@@ -330,7 +341,9 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
     res = _checked(solve_model(model, mip_solver, max(left(), 0.1), integer=True, hint=hint,
                                params=params, log=log.solver_line if verbose else None))
     log(f"MIP: {res.status} objective {res.objective:.10g} bound {res.bound:.10g} in {res.seconds:.1f}s")
-    bound = max(bound, res.bound)
+    if res.x is not None or res.status == "OPTIMAL":  # else the backend's bound may be a placeholder
+        bound = max(bound, res.bound)
+    bound = max(bound, _trivial_bound(red))
     if res.x is not None:
         plan = _plan_from_x(red, model, res.x)
         cost, ok, _ = evaluate(problem, plan)
