@@ -235,6 +235,8 @@ def _finish(problem: Problem, plan, status: SolveStatus, bound: float, t0: float
         cost, _, peak = evaluate(problem, plan)
         bound = min(bound, cost)
         gap = 0.0 if cost == bound else (cost - bound) / max(abs(cost), 1e-300)
+        if gap < 1e-12:  # float noise of the scaled objective
+            gap, bound = 0.0, cost
         sol = Solution(status, tuple(int(s) for s in plan), cost, bound, gap,
                        time.perf_counter() - t0, peak, phase, stats)
     log(f"done: {sol.status.value} objective={sol.objective:.10g} bound={sol.bound:.10g} "

@@ -78,6 +78,9 @@ def _plot(rows: list[dict], path: Path) -> None:
                                                     else "tab:orange" for r in rows])
     a.set_ylabel("solve time [s] (green: proven optimal)")
     b.bar(labels, [100 * r["gap"] if r["gap"] != float("inf") else 0 for r in rows])
+    for i, r in enumerate(rows):
+        if r["gap"] == float("inf"):
+            b.text(i, 0, "no plan", ha="center", va="bottom", rotation=90)
     b.set_ylabel("gap to best bound [%]")
     fig.suptitle("IOPDDL contest instances: autoshard.solver")
     fig.tight_layout()
