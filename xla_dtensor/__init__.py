@@ -1,6 +1,22 @@
-"""xla-dtensor: DTensor-native SPMD sharding for PyTorch, compiled by XLA through JAX."""
+"""xla-dtensor: DTensor-native SPMD sharding for PyTorch, compiled by XLA through JAX.
+
+Example:
+    >>> import torch, xla_dtensor
+    >>> x = torch.ones(2, 2, device=xla_dtensor.device())
+    >>> (x + 1).sum().item()
+    8.0
+"""
 from __future__ import annotations
 
 import mesh as _mesh  # noqa: F401  (sets the virtual CPU device default before JAX starts)
 
+from xla_dtensor import metrics, random  # noqa: E402
+from xla_dtensor import ops as _ops  # noqa: E402,F401  (registers the lowerings)
+from xla_dtensor.ops import _core_temp  # noqa: E402,F401  (core's stop-gap lowerings; real ones win)
+from xla_dtensor.config import config  # noqa: E402
+from xla_dtensor.core import LazyTensor, device, mark_step, sync, wait  # noqa: E402
+from xla_dtensor.random import manual_seed  # noqa: E402
+
 __version__ = "0.1.0"
+
+__all__ = ["LazyTensor", "config", "device", "manual_seed", "mark_step", "metrics", "random", "sync", "wait"]
