@@ -152,5 +152,5 @@ def to_device(cpu: torch.Tensor) -> Node:
     jd = to_jax(cpu.dtype)
     c = cpu.detach()
     host = c.float().numpy().astype(jd) if cpu.dtype == torch.bfloat16 else c.resolve_conj().resolve_neg().numpy()
-    arr = jax.device_put(np.ascontiguousarray(host))
+    arr = jax.device_put(np.array(host, copy=True, order="C"))  # NOTE: a copy: CPU JAX may alias numpy memory
     return data_leaf(arr, tuple(cpu.shape), cpu.dtype)

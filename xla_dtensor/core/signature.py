@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from xla_dtensor import metrics
@@ -58,7 +59,7 @@ def _cpu_scalar_leaf(t: torch.Tensor) -> Node:
     import jax
     from xla_dtensor.core.dtypes import to_jax
     metrics._COUNTS["transfers_to_device"] += 1
-    arr = jax.device_put(t.detach().numpy().astype(to_jax(t.dtype)))
+    arr = jax.device_put(np.array(t.detach().numpy(), dtype=to_jax(t.dtype), copy=True))
     return data_leaf(arr, (), t.dtype)
 
 

@@ -153,3 +153,21 @@ def _uniform(key: Any, x: Any, a: float = 0.0, b: float = 1.0, generator: Any = 
 @_maybe(aten.clone.default)
 def _clone(x: Any, memory_format: Any = None) -> Any:
     return x
+
+
+@_maybe(aten.full_like.default)
+def _full_like(x: Any, fill_value: Any, dtype: Any = None, layout: Any = None, device: Any = None,
+               pin_memory: Any = None, memory_format: Any = None) -> Any:
+    return jnp.full(x.shape, fill_value, _jd(dtype) if dtype is not None else x.dtype)
+
+
+@_maybe(aten.ones_like.default)
+def _ones_like(x: Any, dtype: Any = None, layout: Any = None, device: Any = None,
+               pin_memory: Any = None, memory_format: Any = None) -> Any:
+    return jnp.ones(x.shape, _jd(dtype) if dtype is not None else x.dtype)
+
+
+@_maybe(aten.zeros_like.default, aten.empty_like.default)
+def _zeros_like(x: Any, dtype: Any = None, layout: Any = None, device: Any = None,
+                pin_memory: Any = None, memory_format: Any = None) -> Any:
+    return jnp.zeros(x.shape, _jd(dtype) if dtype is not None else x.dtype)
