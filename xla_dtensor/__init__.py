@@ -12,7 +12,7 @@ import mesh as _mesh  # noqa: F401  (sets the virtual CPU device default before 
 
 from xla_dtensor import metrics, random  # noqa: E402
 from xla_dtensor import ops as _ops  # noqa: E402,F401  (registers the lowerings)
-from xla_dtensor.ops import _core_temp  # noqa: E402,F401  (core's stop-gap lowerings; real ones win)
+from xla_dtensor.ops import _core_temp  # noqa: E402,F401  (temporary lowering fixes)
 from xla_dtensor.config import config  # noqa: E402
 from xla_dtensor.core import LazyTensor, device, mark_step, sync, wait  # noqa: E402
 from xla_dtensor.random import manual_seed  # noqa: E402

@@ -1,9 +1,9 @@
-"""Seeding of random ops on the lazy device.
+"""Seeding of random ops on the jax device (``xla_dtensor.manual_seed`` and friends).
 
-Each random op node gets its own PRNG key, ``uint32[2] = (seed, counter)`` in JAX's
-legacy threefry key layout, fed to the graph as input data: the graph structure never
-depends on the seed or the counter, so reseeding or drawing more numbers never
-recompiles. Bit equality with torch's CPU generator is not a goal.
+The generator itself lives with the random lowerings (:mod:`xla_dtensor.ops.random`):
+each random node gets its own threefry key ``(seed, counter)``, fed to the graph as input
+data, so reseeding or drawing more numbers never recompiles. Bit equality with torch's
+CPU generator is not a goal; distributions are.
 
 Example:
     >>> import xla_dtensor
@@ -13,48 +13,29 @@ Example:
 """
 from __future__ import annotations
 
-import numpy as np
+import torch
+
+from xla_dtensor.ops import random as _gen
 
 __all__ = ["manual_seed", "initial_seed", "seed", "next_key", "get_rng_state", "set_rng_state"]
 
-_state = {"seed": 0, "counter": 0}
+next_key = _gen.next_key
+initial_seed = _gen.initial_seed
+seed = _gen.seed
+get_rng_state = _gen.get_rng_state
 
 
 def manual_seed(seed: int) -> None:
-    """Reset the device generator to ``seed`` (any int; reduced modulo 2**32).
+    """Reset the device generator to ``seed`` (an int).
 
     Example:
         >>> manual_seed(1234)
     """
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}: {seed!r}")
-    _state["seed"], _state["counter"] = seed % (1 << 32), 0
+    _gen.manual_seed(seed)
 
 
-def seed() -> int:
-    """Seed from OS entropy and return the chosen seed."""
-    s = int(np.random.SeedSequence().entropy % (1 << 32))
-    manual_seed(s)
-    return s
-
-
-def initial_seed() -> int:
-    """The seed last set by :func:`manual_seed`."""
-    return _state["seed"]
-
-
-def next_key() -> np.ndarray:
-    """A fresh ``uint32[2]`` key for one random node (internal)."""
-    _state["counter"] += 1
-    return np.array([_state["seed"], _state["counter"] % (1 << 32)], dtype=np.uint32)
-
-
-def get_rng_state() -> tuple[int, int]:
-    """``(seed, counter)``: restore it with :func:`set_rng_state`."""
-    return _state["seed"], _state["counter"]
-
-
-def set_rng_state(state: tuple[int, int]) -> None:
+def set_rng_state(state: torch.Tensor) -> None:
     """Restore a state returned by :func:`get_rng_state`."""
-    s, c = state
-    _state["seed"], _state["counter"] = int(s) % (1 << 32), int(c)
+    _gen.set_rng_state(state)

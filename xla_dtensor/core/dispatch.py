@@ -37,8 +37,6 @@ def dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
             return dispatch(op, args, kwargs)
         _ENTRIES[key] = entry
     kind = entry.kind
-    if kind is E.DECOMP:
-        return entry.fn(*args, **kwargs)
     if kind is E.FALLBACK:
         from xla_dtensor.core.fallback import run_on_cpu
         return run_on_cpu(op, args, kwargs)

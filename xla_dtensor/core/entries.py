@@ -19,7 +19,7 @@ from xla_dtensor.core.signature import OpInfo, fill, template
 from xla_dtensor.core.tensor import LazyTensor
 from xla_dtensor.ops.registry import get_lowering
 
-FN, VIEW, INPLACE, OUT, DECOMP, FALLBACK = "fn", "view", "inplace", "out", "decomp", "fallback"
+FN, VIEW, INPLACE, FALLBACK = "fn", "view", "inplace", "fallback"
 
 
 class LoweringMismatchError(RuntimeError):
@@ -41,9 +41,7 @@ class Entry:
 
 def _is_random(op: Any) -> bool:
     from xla_dtensor.ops import registry
-    from xla_dtensor.ops import _core_temp
-    check = getattr(registry, "is_random", None)
-    return bool(check and check(op)) or op in _core_temp.TEMP_RANDOM
+    return registry.is_random(op)
 
 
 def _meta(a: Any) -> Any:
@@ -105,12 +103,16 @@ def build(op: Any, args: tuple, kwargs: dict, info: OpInfo, key: tuple, scalars:
     """A new entry for this call, or ``None`` when scalars must be static for this op."""
     metrics._COUNTS["signature_misses"] += 1
     meta_out = run_meta(op, args, kwargs)
-    low = _lowering_for(op, info)
-    if low is None:
-        return _no_lowering(op, args, kwargs, key)
     if info.out_kw:
         raise NotImplementedError(f"{op}: out= variants are not supported on the jax device; use the functional form")
     targs, tkwargs, abstract = template(args, kwargs, info, scalars)
+    low = _lowering_for(op, info)
+    if low is None:
+        if scalars and any(not hasattr(a, "shape") for a in abstract):
+            return None  # the decomposition fallback bakes scalars in: retry with static scalars
+        low = _decomposed(op, targs, tkwargs, abstract)
+        if low is None:
+            return _no_lowering(op, args, kwargs, key)
     random = _is_random(op)
     shift = 1 if random else 0
 
@@ -180,21 +182,23 @@ def _checked(op: Any, raw: Callable[..., Any], got: list, outs: list) -> Callabl
     return fn
 
 
+def _decomposed(op: Any, targs: tuple, tkwargs: dict, abstract: list) -> Callable[..., Any] | None:
+    """torch's decomposition of ``op`` run through the lowering table, or ``None``."""
+    import numpy as np
+
+    from xla_dtensor.ops.decomp import decomposed_lowering
+    fake = [np.broadcast_to(np.zeros((), a.dtype), a.shape) for a in abstract]  # shapes only, no memory
+    try:
+        return decomposed_lowering(op, tuple(fill(x, fake) for x in targs), {k: fill(v, fake) for k, v in tkwargs.items()})
+    except NotImplementedError:
+        return None
+
+
 def _no_lowering(op: Any, args: tuple, kwargs: dict, key: tuple) -> Entry:
-    decomp = _decomposition(op)
-    if decomp is not None:
-        e = Entry(op, key, DECOMP)
-        e.fn = decomp
-        return e
     if config.cpu_fallback:
         e = Entry(op, key, FALLBACK)
         return e
     raise missing_lowering_error(op, args, kwargs)
-
-
-def _decomposition(op: Any) -> Callable[..., Any] | None:
-    from torch._decomp import decomposition_table
-    return decomposition_table.get(op)
 
 
 def missing_lowering_error(op: Any, args: tuple, kwargs: dict) -> NotImplementedError:

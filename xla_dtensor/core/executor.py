@@ -8,6 +8,7 @@ same step maps to the same executable whatever the data.
 from __future__ import annotations
 
 import collections
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -21,6 +22,8 @@ from xla_dtensor.core.ir import DATA, Node, data_leaf, topo_order
 from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
 
 _CACHE: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+# dead inputs (e.g. a step's batch) are donated too; XLA just cannot reuse some of them
+warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
 
 def _plan(roots: list[Node]) -> tuple[tuple, list[Node], list[Callable[..., Any] | None], list[tuple], list[int]]:
@@ -103,6 +106,7 @@ def sync(wait: bool = False) -> None:
             pending.append(s)
     if not pending:
         return
+    pending.sort(key=_seq)
     roots = [s.value for s in pending]
     donate = {id(n) for n in topo_order(roots) if n.fn is None and n.op == DATA
               and id(n) not in held and isinstance(n.data, jax.Array)}
@@ -112,6 +116,10 @@ def sync(wait: bool = False) -> None:
         s.version += 1
     if wait:
         jax.block_until_ready(arrays)
+
+
+def _seq(s: Storage) -> int:
+    return s.seq
 
 
 mark_step = sync

@@ -12,6 +12,7 @@ Invariants relied on elsewhere:
 """
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Any
 
@@ -22,15 +23,16 @@ from xla_dtensor.core.ir import Node
 
 _DEVICE = torch.device(DEVICE_NAME, 0)
 LIVE: weakref.WeakSet[Storage] = weakref.WeakSet()  # every live storage
+_SEQ = itertools.count()  # creation order: sync() sorts by it so the same step has the same program
 
 
 class Storage:
     """The value cell shared by a root tensor and all its views."""
 
-    __slots__ = ("value", "version", "meta", "__weakref__")
+    __slots__ = ("value", "version", "meta", "seq", "__weakref__")
 
     def __init__(self, value: Node, meta: tuple) -> None:
-        self.value, self.version, self.meta = value, 0, meta
+        self.value, self.version, self.meta, self.seq = value, 0, meta, next(_SEQ)
 
 
 class LazyTensor(torch.Tensor):
@@ -48,6 +50,18 @@ class LazyTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
         from xla_dtensor.core.dispatch import dispatch
         return dispatch(func, args, kwargs or {})
+
+    # NOTE: these two make torch treat us as a traceable wrapper subclass, so that
+    # ``module.to(dev)`` swaps parameters in place (``torch.utils.swap_tensors``) instead
+    # of replacing them: tied weights stay tied and optimizers keep their references.
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return [], (self._storage, self._chain, self._meta)
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict, ctx: Any, outer_size: Any, outer_stride: Any) -> LazyTensor:
+        storage, chain, meta = ctx
+        from xla_dtensor.core.tensor import new_view
+        return new_view(meta, storage, chain, value_of_chain(storage, chain))
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         from xla_dtensor.core.executor import to_cpu
@@ -113,6 +127,14 @@ def value_of(t: LazyTensor) -> Node:
     for step in t._chain:
         v = step.replay(v)
     t._vcache, t._seen = v, s.version
+    return v
+
+
+def value_of_chain(storage: Storage, chain: tuple) -> Node:
+    """The value reached from ``storage`` by replaying ``chain``."""
+    v = storage.value
+    for step in chain:
+        v = step.replay(v)
     return v
 
 
