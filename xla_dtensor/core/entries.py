@@ -72,6 +72,36 @@ def run_meta(op: Any, args: tuple, kwargs: dict) -> Any:
         return op(*margs, **mkwargs)
     except NotImplementedError:
         return NotImplemented
+    except Exception as meta_error:
+        _raise_cpu_error(op, args, kwargs, meta_error)
+        raise
+
+
+def _host(a: Any) -> Any:
+    if isinstance(a, LazyTensor):
+        shape, dtype, _ = a._meta
+        return torch.zeros(shape, dtype=dtype)
+    if isinstance(a, (list, tuple)):
+        return type(a)(_host(x) for x in a)
+    if isinstance(a, torch.device):
+        return torch.device("cpu")
+    return a
+
+
+def _raise_cpu_error(op: Any, args: tuple, kwargs: dict, meta_error: Exception) -> None:
+    """Re-raise torch CPU's own error (meta kernels word some errors differently)."""
+    def numel(a: Any) -> int:
+        if isinstance(a, LazyTensor):
+            return a.numel()
+        return sum(numel(x) for x in a) if isinstance(a, (list, tuple)) else 0
+    if numel(args) + numel(list(kwargs.values())) > 1 << 22:
+        return
+    try:
+        op(*_host(args), **{k: _host(v) for k, v in kwargs.items()})
+    except type(meta_error) as cpu_error:
+        raise cpu_error.with_traceback(None) from None
+    except Exception:  # noqa: BLE001 - keep the meta kernel's error
+        return
 
 
 def _flat_outputs(op: Any, info: OpInfo, out: Any, args: tuple, kwargs: dict) -> tuple[list, int]:

@@ -52,6 +52,9 @@ def _to_copy(op: Any, args: tuple, kwargs: dict) -> Any:
         return cpu.to(device=device, dtype=dtype)
     if not supported(dtype):
         to_jax(dtype)
+    if not isinstance(self, LazyTensor):  # host tensor to the device
+        host = self.detach().to(dtype).contiguous()
+        return new_tensor((tuple(host.shape), dtype, tuple(host.stride())), to_device(host))
     meta = (self._meta[0], dtype, self._meta[2])
     return new_tensor(meta, _convert(value_of(self), self._meta, meta[0], dtype))
 
@@ -104,4 +107,7 @@ def register_factories() -> None:
         op_name, _, overload = name.partition(".")
         op = getattr(getattr(aten, op_name), overload or "default")
         impls.impl(name, lambda *a, _op=op, **k: _factory(_op, *a, **k), "PrivateUse1")
+    # NOTE: torch.tensor(data, device=...) copies with the Python key excluded, landing here
+    for name, op in (("copy_", aten.copy_.default), ("_to_copy", aten._to_copy.default)):
+        impls.impl(name, lambda *a, _op=op, **k: SPECIAL[_op](_op, a, k), "PrivateUse1")
     _LIBS.extend([fallback, impls])
