@@ -1,22 +1,29 @@
 """xla-dtensor: DTensor-native SPMD sharding for PyTorch, compiled by XLA through JAX.
 
 Example:
-    >>> import xla_dtensor
-    >>> from mesh import Mesh
-    >>> spec = xla_dtensor.ShardingSpec.from_partition_spec(Mesh(range(8), (2, 4), ("dp", "tp")), ("dp", None))
-    >>> str(spec.to_hlo())
-    '{devices=[2,1,4]<=[8] last_tile_dim_replicate}'
+    >>> import torch, xla_dtensor
+    >>> x = torch.ones(2, 2, device=xla_dtensor.device())
+    >>> (x + 1).sum().item()
+    8.0
 """
 from __future__ import annotations
 
 import mesh as _mesh  # noqa: F401  (sets the virtual CPU device default before JAX starts)
-from mesh import HybridMesh, Mesh, get_global_mesh, set_global_mesh
-from xla_dtensor.debug import render_sharding, visualize_sharding
-from xla_dtensor.sharding import HloSharding, ShardingError, ShardingSpec, shard_indices
+
+from mesh import HybridMesh, Mesh, get_global_mesh, set_global_mesh  # noqa: E402
+from xla_dtensor import metrics, random  # noqa: E402
+from xla_dtensor import ops as _ops  # noqa: E402,F401  (registers the lowerings)
+from xla_dtensor.ops import _core_temp  # noqa: E402,F401  (temporary lowering fixes)
+from xla_dtensor.config import config  # noqa: E402
+from xla_dtensor.core import LazyTensor, device, mark_step, sync, wait  # noqa: E402
+from xla_dtensor.debug import render_sharding, visualize_sharding  # noqa: E402
+from xla_dtensor.random import manual_seed  # noqa: E402
+from xla_dtensor.sharding import HloSharding, ShardingError, ShardingSpec, shard_indices  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "HloSharding", "HybridMesh", "Mesh", "ShardingError", "ShardingSpec", "get_global_mesh",
-    "render_sharding", "set_global_mesh", "shard_indices", "visualize_sharding",
+    "HloSharding", "HybridMesh", "LazyTensor", "Mesh", "ShardingError", "ShardingSpec", "config",
+    "device", "get_global_mesh", "manual_seed", "mark_step", "metrics", "random", "render_sharding",
+    "set_global_mesh", "shard_indices", "sync", "visualize_sharding", "wait",
 ]

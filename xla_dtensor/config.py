@@ -1,0 +1,41 @@
+"""Runtime switches of the lazy core.
+
+Example:
+    >>> import xla_dtensor
+    >>> xla_dtensor.config.cpu_fallback = True   # run ops without a lowering on CPU
+    >>> xla_dtensor.config.cache_size
+    256
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Config:
+    """Mutable process-wide settings (one instance: ``xla_dtensor.config``).
+
+    Attributes:
+        cpu_fallback: run an op that has no lowering on CPU (counted in metrics)
+            instead of raising ``NotImplementedError`` at the op.
+        cache_size: executables kept in the in-memory LRU cache.
+        donate: donate the buffers of tensors overwritten in place at ``sync()``.
+        check_lowerings: compare each lowering's output shape/dtype with torch's
+            meta kernel once per argument signature.
+    """
+
+    cpu_fallback: bool = False
+    cache_size: int = 256
+    donate: bool = True
+    check_lowerings: bool = True
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name not in type(self).__dataclass_fields__:
+            allowed = ", ".join(type(self).__dataclass_fields__)
+            raise AttributeError(f"unknown config option {name!r}; options are: {allowed}")
+        if name == "cache_size" and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"cache_size must be a positive int, got {value!r}")
+        object.__setattr__(self, name, value)
+
+
+config = Config()

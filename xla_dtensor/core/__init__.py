@@ -1,0 +1,18 @@
+"""The lazy-graph core: device, lazy tensor, IR, recording, execution."""
+from __future__ import annotations
+
+import jax
+
+jax.config.update("jax_enable_x64", True)  # torch's default integer is int64
+
+from xla_dtensor.core.device import DEVICE_NAME, DeviceRegistrationError, device, register  # noqa: E402
+
+register()
+
+from xla_dtensor.core import special as _special  # noqa: E402
+from xla_dtensor.core.executor import mark_step, sync, wait  # noqa: E402
+from xla_dtensor.core.tensor import LazyTensor  # noqa: E402
+
+_special.register_factories()
+
+__all__ = ["DEVICE_NAME", "DeviceRegistrationError", "LazyTensor", "device", "mark_step", "sync", "wait"]

@@ -1,0 +1,106 @@
+"""``__torch_dispatch__`` of the lazy tensor: record one IR node per aten op.
+
+Hot path (a cached signature): compute the call's signature, look up its entry, make
+(or reuse) the node, wrap the outputs. No meta kernels, no pytree, no JAX calls.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from xla_dtensor.core import entries as E
+from xla_dtensor.core.ir import data_leaf, getitem, make_node
+from xla_dtensor.core.signature import op_info, signature
+from xla_dtensor.core.tensor import LazyTensor, new_tensor, new_view, write
+from xla_dtensor.core.views import ViewStep
+from xla_dtensor.random import next_key
+
+_ENTRIES: dict[tuple, E.Entry] = {}
+_STATIC_SCALAR_OPS: set[Any] = set()  # ops whose lowering needs scalars as Python values
+SPECIAL: dict[Any, Any] = {}  # op -> handler(op, args, kwargs), filled by core.special
+_KEY_META = ((2,), "key")
+
+
+def dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
+    special = SPECIAL.get(op)
+    if special is not None:
+        return special(op, args, kwargs)
+    info = op_info(op)
+    scalars = op not in _STATIC_SCALAR_OPS
+    dyn: list = []
+    sig = signature(args, kwargs, info, scalars, dyn)
+    key = (op, sig)
+    entry = _ENTRIES.get(key)
+    if entry is None:
+        entry = E.build(op, args, kwargs, info, key, scalars)
+        if entry is None:  # the lowering wants Python scalars: record with static scalars
+            _STATIC_SCALAR_OPS.add(op)
+            return dispatch(op, args, kwargs)
+        _ENTRIES[key] = entry
+    kind = entry.kind
+    if kind is E.FALLBACK:
+        from xla_dtensor.core.fallback import run_on_cpu
+        return run_on_cpu(op, args, kwargs)
+    if entry.random:
+        dyn.insert(0, data_leaf(next_key(), *_KEY_META))
+    node = make_node(op, key, entry.h, tuple(dyn), entry.fn)
+    if kind is E.FN:
+        outs = entry.outs
+        if len(outs) == 1 and not _returns_list(op):
+            return new_tensor(outs[0], node)
+        return _wrap_many(op, outs, node)
+    if kind is E.VIEW:
+        return _views(op, entry, args[0], node)
+    return _inplace(op, info, entry, node, args, kwargs)
+
+
+_LIST_RET: dict[Any, bool] = {}
+
+
+def _returns_list(op: Any) -> bool:
+    r = _LIST_RET.get(op)
+    if r is None:
+        rets = op._schema.returns
+        r = _LIST_RET[op] = len(rets) == 1 and str(rets[0].type) == "List[Tensor]"
+    return r
+
+
+def _wrap_many(op: Any, outs: list, node: Any) -> Any:
+    res = [None if m is None else new_tensor(m, getitem(node, i)) for i, m in enumerate(outs)]
+    return res if _returns_list(op) else tuple(res)
+
+
+def _views(op: Any, entry: E.Entry, base: LazyTensor, node: Any) -> Any:
+    storage, chain = base._storage, base._chain
+    if not _returns_list(op) and len(entry.outs) == 1:
+        step = entry.step
+        if step is None:
+            step = entry.step = ViewStep(entry, None)
+        return new_view(entry.outs[0], storage, chain + (step,), node)
+    res = [new_view(m, storage, chain + (ViewStep(entry, i),), getitem(node, i)) for i, m in enumerate(entry.outs)]
+    return res if _returns_list(op) else tuple(res)
+
+
+def _inplace(op: Any, info: Any, entry: E.Entry, node: Any, args: tuple, kwargs: dict) -> Any:
+    targets: list[Any] = []
+    for pos, name in info.mutated:
+        a = args[pos] if pos is not None and pos < len(args) else kwargs.get(name)
+        targets.extend(a if isinstance(a, (list, tuple)) else [a])
+    n_ret = entry.n_ret
+    total = n_ret + len(targets)
+    if total == 1:
+        write(targets[0], node)
+    else:
+        for i, t in enumerate(targets):
+            if t is not None:
+                write(t, getitem(node, n_ret + i))
+    if info.n_returns == 0:
+        return None
+    own = [new_tensor(entry.outs[i], getitem(node, i) if total > 1 else node) for i in range(n_ret)]
+    if n_ret == 0:
+        return targets[0] if info.n_returns == 1 and not _returns_list(op) else targets
+    if info.n_returns == 1:
+        return own[0]
+    rets, it_own, it_tgt = [], iter(own), iter(targets)
+    for alias in info.returns_alias:
+        rets.append(next(it_tgt) if alias else next(it_own))
+    return tuple(rets)

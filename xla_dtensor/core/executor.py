@@ -1,0 +1,164 @@
+"""Barriers: lower pending IR to one JAX function, compile (cached), run, rebind.
+
+``sync()`` materializes every live storage with a pending value in one program;
+``to_cpu`` / ``item`` materialize only the value they need. Programs are keyed by
+their structure (node hashes and wiring, leaf metadata, shardings, donation), so the
+same step maps to the same executable whatever the data.
+"""
+from __future__ import annotations
+
+import collections
+import warnings
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import torch
+
+from xla_dtensor import metrics
+from xla_dtensor.config import config
+from xla_dtensor.core.dtypes import to_jax
+from xla_dtensor.core.ir import DATA, Node, data_leaf, topo_order
+from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
+
+_CACHE: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+# dead inputs (e.g. a step's batch) are donated too; XLA just cannot reuse some of them
+warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+
+
+def _plan(roots: list[Node]) -> tuple[tuple, list[Node], list[Callable[..., Any] | None], list[tuple], list[int]]:
+    order = topo_order(roots)
+    pos = {id(n): i for i, n in enumerate(order)}
+    struct, leaves, fns, wiring = [], [], [], []
+    for n in order:
+        if n.fn is None:
+            leaves.append(n)
+            struct.append(n.hash)
+            fns.append(None)
+            wiring.append(())
+        else:
+            w = tuple([pos[id(x)] for x in n.inputs])
+            struct.append((n.hash, w) if n.sharding is None else (n.hash, w, n.sharding))
+            fns.append(n.fn)
+            wiring.append(w)
+    outs = [pos[id(r)] for r in roots]
+    return tuple(struct), leaves, fns, wiring, outs
+
+
+def _program(fns: list, wiring: list, shardings: list, outs: list[int]) -> Callable[..., Any]:
+    def run(*leaf_values: Any) -> tuple:
+        env: list[Any] = [None] * len(fns)
+        it = iter(leaf_values)
+        for i, fn in enumerate(fns):
+            if fn is None:
+                env[i] = next(it)
+            else:
+                v = fn(*[env[j] for j in wiring[i]])
+                if shardings[i] is not None:
+                    v = jax.lax.with_sharding_constraint(v, shardings[i])
+                env[i] = v
+        return tuple(env[j] for j in outs)
+    return run
+
+
+def _leaf_value(n: Node) -> Any:
+    return n.data
+
+
+def execute(roots: list[Node], donate: set[int] | None = None) -> list[Any]:
+    """Compute ``roots``; returns their arrays. ``donate``: ids of leaves whose buffers may be reused."""
+    struct, leaves, fns, wiring, outs = _plan(roots)
+    donate_idx = tuple(i for i, n in enumerate(leaves) if donate and id(n) in donate) if config.donate else ()
+    key = (struct, tuple(outs), donate_idx)
+    args = [n.data for n in leaves]
+    compiled = _CACHE.get(key)
+    if compiled is None:
+        shardings = [None if n.fn is None else n.sharding for n in topo_order(roots)]
+        program = _program(fns, wiring, shardings, outs)
+        compiled = jax.jit(program, donate_argnums=donate_idx).lower(*args).compile()
+        metrics._COUNTS["compiles"] += 1
+        _CACHE[key] = compiled
+        while len(_CACHE) > config.cache_size:
+            _CACHE.popitem(last=False)
+    else:
+        metrics._COUNTS["cache_hits"] += 1
+        _CACHE.move_to_end(key)
+    result = compiled(*args)
+    metrics._COUNTS["executions"] += 1
+    return list(result)
+
+
+def sync(wait: bool = False) -> None:
+    """Execute every live pending tensor in one program and rebind them to the results.
+
+    Example:
+        >>> import torch, xla_dtensor
+        >>> x = torch.ones(2, device=xla_dtensor.device()) * 3
+        >>> xla_dtensor.sync()
+    """
+    pending: list[Storage] = []
+    held: set[int] = set()
+    for s in list(LIVE):
+        v = s.value
+        if v.fn is None:
+            held.add(id(v))
+        else:
+            pending.append(s)
+    if not pending:
+        return
+    pending.sort(key=_seq)
+    roots = [s.value for s in pending]
+    donate = {id(n) for n in topo_order(roots) if n.fn is None and n.op == DATA
+              and id(n) not in held and isinstance(n.data, jax.Array)}
+    arrays = execute(roots, donate)
+    for s, arr in zip(pending, arrays):
+        s.value = data_leaf(arr, s.meta[0], s.meta[1])
+        s.version += 1
+    if wait:
+        jax.block_until_ready(arrays)
+
+
+def _seq(s: Storage) -> int:
+    return s.seq
+
+
+mark_step = sync
+
+
+def wait() -> None:
+    """Block until every computation launched so far has finished."""
+    arrays = [s.value.data for s in list(LIVE) if s.value.fn is None and isinstance(s.value.data, jax.Array)]
+    jax.block_until_ready(arrays)
+
+
+def materialize(t: LazyTensor) -> Any:
+    """The array of ``t``'s current value, computing only what it needs."""
+    v = value_of(t)
+    if v.fn is None:
+        return v.data
+    arr = execute([v])[0]
+    if not t._chain:  # NOTE: a view keeps its pending value: a cached leaf could be donated later
+        t._storage.value = data_leaf(arr, t._meta[0], t._meta[1])
+        t._storage.version += 1
+    return arr
+
+
+def to_cpu(t: LazyTensor) -> torch.Tensor:
+    """A CPU copy of ``t`` (a host transfer)."""
+    arr = materialize(t)
+    metrics._COUNTS["transfers_to_host"] += 1
+    host = np.array(arr)
+    dtype = t._meta[1]
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(host.astype(np.float32)).to(torch.bfloat16)
+    return torch.from_numpy(host).reshape(t._meta[0])
+
+
+def to_device(cpu: torch.Tensor) -> Node:
+    """A device-data leaf with the contents of CPU tensor ``cpu`` (a host transfer)."""
+    metrics._COUNTS["transfers_to_device"] += 1
+    jd = to_jax(cpu.dtype)
+    c = cpu.detach()
+    host = c.float().numpy().astype(jd) if cpu.dtype == torch.bfloat16 else c.resolve_conj().resolve_neg().numpy()
+    arr = jax.device_put(np.array(host, copy=True, order="C"))  # NOTE: a copy: CPU JAX may alias numpy memory
+    return data_leaf(arr, tuple(cpu.shape), cpu.dtype)

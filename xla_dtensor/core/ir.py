@@ -1,0 +1,113 @@
+"""The lazy IR: hash-consed nodes, device-data leaves and scalar parameters.
+
+A :class:`Node` is an immutable SSA value. Its ``hash`` combines the op, its static
+arguments and its inputs' hashes, computed once at construction. Leaves hash by
+metadata only: device data by (shape, dtype, sharding), scalar parameters by Python
+type, never by content, so the same training step has the same graph hash every time.
+
+Identical (op, static arguments, input objects) return the same node object
+(hash-consing, which also gives common-subexpression elimination for free).
+"""
+from __future__ import annotations
+
+import operator
+import weakref
+from typing import Any, Callable
+
+from xla_dtensor import metrics
+
+DATA, PARAM, GETITEM = "data", "param", "getitem"
+
+
+class Node:
+    """One value of the lazy graph.
+
+    ``fn(*input_values)`` computes it inside the traced JAX function; leaves have
+    ``fn is None`` and carry ``data`` (a ``jax.Array`` / numpy array, or a Python scalar
+    for parameters). ``sharding`` is an optional constraint applied after ``fn``.
+    """
+
+    __slots__ = ("op", "key", "inputs", "hash", "fn", "data", "sharding", "__weakref__")
+
+    def __init__(self, op: Any, key: Any, inputs: tuple[Node, ...], h: int,
+                 fn: Callable[..., Any] | None, data: Any = None) -> None:
+        self.op, self.key, self.inputs, self.hash, self.fn, self.data = op, key, inputs, h, fn, data
+        self.sharding = None
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.fn is None
+
+    def __repr__(self) -> str:
+        kind = "leaf" if self.fn is None else f"{len(self.inputs)} inputs"
+        return f"Node({self.op}, {kind}, hash={self.hash & 0xffffffff:08x})"
+
+
+_CONS: weakref.WeakValueDictionary[tuple, Node] = weakref.WeakValueDictionary()
+
+
+def make_node(op: Any, key: Any, key_hash: int, inputs: tuple[Node, ...], fn: Callable[..., Any]) -> Node:
+    """The node computing ``fn(*inputs)``; an identical live node is reused.
+
+    ``key`` (hashable, with hash ``key_hash``) must determine ``fn`` exactly.
+    NOTE: the cons key holds input ids; an entry lives only as long as its node, and
+    a node keeps its inputs alive, so an id in a live key can never be reused.
+    """
+    ck = (key_hash, *map(id, inputs))
+    node = _CONS.get(ck)
+    if node is not None and node.key == key:
+        metrics._COUNTS["hash_cons_hits"] += 1
+        return node
+    h = hash((key_hash, *[i.hash for i in inputs]))
+    node = Node(op, key, inputs, h, fn)
+    _CONS[ck] = node
+    metrics._COUNTS["ops_recorded"] += 1
+    return node
+
+
+def data_leaf(array: Any, shape: tuple[int, ...], dtype: Any) -> Node:
+    """A device-data leaf holding ``array``; hashed by (shape, dtype, sharding)."""
+    sharding = getattr(array, "sharding", None)
+    key = (DATA, shape, dtype, sharding)
+    return Node(DATA, key, (), hash(key), None, array)
+
+
+def param_leaf(value: int | float | complex) -> Node:
+    """A scalar-parameter leaf: its value is a graph input, not a constant."""
+    key = (PARAM, type(value))
+    return Node(PARAM, key, (), hash(key), None, value)
+
+
+_GETITEM_FNS: dict[int, Callable[[Any], Any]] = {}
+
+
+def getitem(node: Node, i: int) -> Node:
+    """Output ``i`` of a multi-output node."""
+    fn = _GETITEM_FNS.get(i)
+    if fn is None:
+        fn = _GETITEM_FNS[i] = operator.itemgetter(i)
+    key = (GETITEM, i)
+    return make_node(GETITEM, key, hash(key), (node,), fn)
+
+
+def topo_order(roots: list[Node]) -> list[Node]:
+    """All nodes reachable from ``roots``, inputs before users (iterative DFS)."""
+    entered: set[int] = set()
+    order: list[Node] = []
+    for root in roots:
+        if id(root) in entered:
+            continue
+        entered.add(id(root))
+        stack: list[tuple[Node, int]] = [(root, 0)]
+        while stack:
+            node, i = stack.pop()
+            inputs = node.inputs
+            while i < len(inputs) and id(inputs[i]) in entered:
+                i += 1
+            if i < len(inputs):
+                stack.append((node, i + 1))
+                entered.add(id(inputs[i]))
+                stack.append((inputs[i], 0))
+            else:
+                order.append(node)
+    return order

@@ -1,0 +1,113 @@
+"""Ops the core handles itself: device transfers, copies, aliases, scalars, factories."""
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import torch
+from torch.library import Library
+
+from xla_dtensor.core.dispatch import SPECIAL, dispatch
+from xla_dtensor.core.dtypes import supported, to_jax
+from xla_dtensor.core.executor import to_cpu, to_device
+from xla_dtensor.core.ir import Node, make_node
+from xla_dtensor.core.tensor import LazyTensor, new_tensor, new_view, value_of, write
+
+aten = torch.ops.aten
+_CONVERT_FNS: dict[tuple, Any] = {}
+
+
+def _convert(value: Node, src_meta: tuple, shape: tuple, dtype: torch.dtype) -> Node:
+    """``value`` cast to ``dtype`` and broadcast to ``shape`` (identity when they match)."""
+    if src_meta[0] == shape and src_meta[1] == dtype:
+        return value
+    key = ("convert", src_meta[0], src_meta[1], shape, dtype)
+    fn = _CONVERT_FNS.get(key)
+    if fn is None:
+        jd = to_jax(dtype)
+        fn = _CONVERT_FNS[key] = lambda x: jnp.broadcast_to(x.astype(jd), shape)
+    return make_node("convert", key, hash(key), (value,), fn)
+
+
+def _copy_(op: Any, args: tuple, kwargs: dict) -> Any:
+    self, src = args[0], args[1]
+    if not isinstance(self, LazyTensor):  # CPU destination, lazy source
+        return self.copy_(to_cpu(src))
+    torch.broadcast_shapes(tuple(src.shape), tuple(self.shape))  # torch's own error on bad shapes
+    if isinstance(src, LazyTensor):
+        value, meta = value_of(src), src._meta
+    else:
+        leaf = to_device(src)
+        value, meta = leaf, (tuple(src.shape), src.dtype, None)
+    write(self, _convert(value, meta, self._meta[0], self._meta[1]))
+    return self
+
+
+def _to_copy(op: Any, args: tuple, kwargs: dict) -> Any:
+    self = args[0]
+    dtype = kwargs.get("dtype") or self.dtype
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type != "jax":
+        cpu = to_cpu(self)
+        return cpu.to(device=device, dtype=dtype)
+    if not supported(dtype):
+        to_jax(dtype)
+    if not isinstance(self, LazyTensor):  # host tensor to the device
+        host = self.detach().to(dtype).contiguous()
+        return new_tensor((tuple(host.shape), dtype, tuple(host.stride())), to_device(host))
+    meta = (self._meta[0], dtype, self._meta[2])
+    return new_tensor(meta, _convert(value_of(self), self._meta, meta[0], dtype))
+
+
+def _alias(op: Any, args: tuple, kwargs: dict) -> Any:
+    t = args[0]
+    return new_view(t._meta, t._storage, t._chain, value_of(t))
+
+
+def _item(op: Any, args: tuple, kwargs: dict) -> Any:
+    return to_cpu(args[0]).item()
+
+
+def _resize_(op: Any, args: tuple, kwargs: dict) -> Any:
+    self, size = args[0], tuple(args[1])
+    if size == tuple(self.shape):
+        return self
+    raise NotImplementedError(f"resize_ from {tuple(self.shape)} to {size} is not supported on the jax device")
+
+
+SPECIAL.update({
+    aten.copy_.default: _copy_,
+    aten._to_copy.default: _to_copy,
+    aten.detach.default: _alias,
+    aten.alias.default: _alias,
+    aten.lift_fresh.default: _alias,
+    aten._local_scalar_dense.default: _item,
+    aten.resize_.default: _resize_,
+})
+
+
+def _factory(op: Any, *args: Any, **kwargs: Any) -> Any:
+    dtype = kwargs.get("dtype")
+    if dtype is not None and not supported(dtype):
+        to_jax(dtype)
+    return dispatch(op, args, kwargs)
+
+
+_LIBS: list[Library] = []
+
+
+def register_factories() -> None:
+    """Route PrivateUse1 factory calls (``torch.empty(..., device="jax")`` etc.) to the core."""
+    if _LIBS:
+        return
+    fallback = Library("_", "IMPL")
+    fallback.fallback(_factory, dispatch_key="PrivateUse1")
+    impls = Library("aten", "IMPL")
+    for name in ("arange", "arange.start", "arange.start_step", "linspace", "eye", "eye.m", "randperm"):
+        op_name, _, overload = name.partition(".")
+        op = getattr(getattr(aten, op_name), overload or "default")
+        impls.impl(name, lambda *a, _op=op, **k: _factory(_op, *a, **k), "PrivateUse1")
+    # NOTE: torch.tensor(data, device=...) copies with the Python key excluded, landing here
+    for name, op in (("copy_", aten.copy_.default), ("_to_copy", aten._to_copy.default)):
+        impls.impl(name, lambda *a, _op=op, **k: SPECIAL[_op](_op, a, k), "PrivateUse1")
+    _LIBS.extend([fallback, impls])

@@ -1,0 +1,151 @@
+"""The lazy tensor: a torch wrapper subclass over a mutable storage cell.
+
+Invariants relied on elsewhere:
+
+* A :class:`Storage` holds the current value (a :class:`~xla_dtensor.core.ir.Node`) of
+  a root tensor; every view of that root shares the storage object.
+* ``t._chain`` is the tuple of view steps from the storage's value to ``t``; ``()``
+  for a root (and for ``detach``/``alias``, which share storage and chain).
+* In-place writes rebind ``storage.value`` and bump ``storage.version``; a view's
+  cached value is valid only while ``t._seen == storage.version`` and is otherwise
+  re-derived from the storage by replaying the chain.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any
+
+import torch
+
+from xla_dtensor.core.device import DEVICE_NAME
+from xla_dtensor.core.ir import Node
+
+_DEVICE = torch.device(DEVICE_NAME, 0)
+LIVE: weakref.WeakSet[Storage] = weakref.WeakSet()  # every live storage
+_SEQ = itertools.count()  # creation order: sync() sorts by it so the same step has the same program
+
+
+class Storage:
+    """The value cell shared by a root tensor and all its views."""
+
+    __slots__ = ("value", "version", "meta", "seq", "__weakref__")
+
+    def __init__(self, value: Node, meta: tuple) -> None:
+        self.value, self.version, self.meta, self.seq = value, 0, meta, next(_SEQ)
+
+
+class LazyTensor(torch.Tensor):
+    """A tensor on the ``jax`` device whose value is a lazy IR node (see module doc)."""
+
+    _storage: Storage
+    _chain: tuple
+    _meta: tuple  # (shape, dtype, stride): the signature key of this tensor
+    _vcache: Node | None
+    _seen: int
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        from xla_dtensor.core.dispatch import dispatch
+        return dispatch(func, args, kwargs or {})
+
+    # NOTE: these two make torch treat us as a traceable wrapper subclass, so that
+    # ``module.to(dev)`` swaps parameters in place (``torch.utils.swap_tensors``) instead
+    # of replacing them: tied weights stay tied and optimizers keep their references.
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return [], (self._storage, self._chain, self._meta)
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict, ctx: Any, outer_size: Any, outer_stride: Any) -> LazyTensor:
+        storage, chain, meta = ctx
+        from xla_dtensor.core.tensor import new_view
+        return new_view(meta, storage, chain, value_of_chain(storage, chain))
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        from xla_dtensor.core.executor import to_cpu
+        cpu = to_cpu(self)
+        contents = torch._tensor_str._tensor_str(cpu, len("tensor("))
+        text = torch._tensor_str._str(self, tensor_contents=contents)
+        prefix = type(self).__name__ + "("
+        return "tensor(" + text[len(prefix):] if text.startswith(prefix) else text
+
+    def tolist(self) -> Any:
+        from xla_dtensor.core.executor import to_cpu
+        return to_cpu(self).tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        if self.requires_grad and not force:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
+        from xla_dtensor.core.executor import to_cpu
+        return to_cpu(self).numpy()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        arr = self.detach().numpy()
+        return arr if dtype is None else arr.astype(dtype)
+
+    def __reduce_ex__(self, proto: int) -> Any:
+        from xla_dtensor.core.executor import to_cpu
+        return (_rebuild_from_cpu, (to_cpu(self.detach()), self.requires_grad))
+
+
+def _rebuild_from_cpu(cpu: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    return cpu.to(_DEVICE).requires_grad_(requires_grad)
+
+
+_new = torch.Tensor._make_wrapper_subclass
+
+
+def new_tensor(meta: tuple, value: Node) -> LazyTensor:
+    """A root tensor of metadata ``meta = (shape, dtype, stride)`` holding ``value``."""
+    shape, dtype, stride = meta
+    t = _new(LazyTensor, shape, strides=stride, dtype=dtype, device=_DEVICE)
+    s = Storage(value, meta)
+    LIVE.add(s)
+    t._storage, t._chain, t._meta = s, (), meta
+    return t
+
+
+def new_view(meta: tuple, storage: Storage, chain: tuple, value: Node) -> LazyTensor:
+    """A view of ``storage`` reached by ``chain`` whose current value is ``value``."""
+    shape, dtype, stride = meta
+    t = _new(LazyTensor, shape, strides=stride, dtype=dtype, device=_DEVICE)
+    t._storage, t._chain, t._meta = storage, chain, meta
+    t._vcache, t._seen = value, storage.version
+    return t
+
+
+def value_of(t: LazyTensor) -> Node:
+    """The current IR value of ``t`` (re-deriving a stale view from its storage)."""
+    if not t._chain:
+        return t._storage.value
+    s = t._storage
+    if t._seen == s.version:
+        return t._vcache  # type: ignore[return-value]
+    v = s.value
+    for step in t._chain:
+        v = step.replay(v)
+    t._vcache, t._seen = v, s.version
+    return v
+
+
+def value_of_chain(storage: Storage, chain: tuple) -> Node:
+    """The value reached from ``storage`` by replaying ``chain``."""
+    v = storage.value
+    for step in chain:
+        v = step.replay(v)
+    return v
+
+
+def write(t: LazyTensor, value: Node) -> None:
+    """Make ``value`` the new content of ``t`` (an in-place write, torch semantics)."""
+    s = t._storage
+    if t._chain:
+        from xla_dtensor.core.views import scatter_into
+        s.value = scatter_into(s.value, s.meta, t._chain, value)
+        s.version += 1
+        t._vcache, t._seen = value, s.version
+    else:
+        s.value = value
+        s.version += 1
