@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import warnings
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +30,7 @@ from mesh import Topology
 from autoshard.cost import compute_cost, memory_bytes, reshard_cost
 from autoshard.graph import Graph, Node
 from autoshard.problem import Problem
+from autoshard.spec import spec_str
 from autoshard.strategies import DimRule, Strategy, enumerate_strategies, follow_strategies, rule_for
 from autoshard.tying import UnionFind, layer_ties
 
@@ -45,7 +47,7 @@ class Model:
     topology: Topology
     rules: list[DimRule]
     strategies: list[list[Strategy]]
-    follows: list[int | None]
+    follows: list[int | None]  # per graph node; problem nodes past the graph are reshard fan-outs
     problem: Problem
     ties: list[list[int]]
     unknown_ops: list[str] = field(default_factory=list)
@@ -57,6 +59,10 @@ class Model:
             for v in grp:
                 out[v] = k
         return out
+
+
+def _SOURCE(meta) -> DimRule:  # noqa: N802
+    return DimRule((), (tuple(f"d{i}" for i in range(meta.ndim)),))
 
 
 def _allocates(node: Node, rule: DimRule) -> bool:
@@ -118,26 +124,43 @@ def build_model(graph: Graph, topo: Topology, memory_limit: float | None = None,
     costs, mems = [], []
     for node, rule, ss in zip(graph.nodes, rules, strats):
         in_metas = tuple(node.input_meta(graph, i) for i in range(len(node.inputs)))
-        costs.append(np.array([compute_cost(s, rule.flops, in_metas, node.outputs, topo) for s in ss]))
+        if node.role == "input":  # feeding the batch: each device loads its shard
+            costs.append(np.array([topo.compute_time(0.0, memory_bytes(s.out_specs, node.outputs, sizes)) for s in ss]))
+        else:
+            costs.append(np.array([compute_cost(s, rule.flops, in_metas, node.outputs, topo) for s in ss]))
         alloc = _allocates(node, rule)
         mems.append(np.array([memory_bytes(s.out_specs, node.outputs, sizes) if alloc else 0.0 for s in ss]))
-    edge_index: dict[tuple[int, int], int] = {}
-    edges: list[tuple[int, int]] = []
-    mats: list[np.ndarray] = []
+    consumers: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+    for node in graph.nodes:
+        for i, ref in enumerate(node.inputs):
+            consumers[ref].append((node.id, i))
+    fanouts = [ref for ref, cs in consumers.items()
+               if graph.nodes[ref[0]].op != "placeholder" and len({v for v, _ in cs}) > 1]
+    fan_of = {ref: graph.num_nodes + k for k, ref in enumerate(fanouts)}
+    for u, idx in fanouts:  # one reshard per tensor, shared by all its readers
+        meta = graph.nodes[u].outputs[idx]
+        specs = [s.out_specs[0] for s in enumerate_strategies(_SOURCE(meta), (), (meta,), sizes)]
+        strats.append([Strategy(spec_str(sp), (sp,), (sp,)) for sp in specs])
+        costs.append(np.zeros(len(specs)))
+        mems.append(np.zeros(len(specs)))
+    pair: dict[tuple[int, int], np.ndarray] = {}
+
+    def add_edge(u: int, v: int, mat: np.ndarray) -> None:
+        pair[(u, v)] = pair[(u, v)] + mat if (u, v) in pair else mat
+
+    for (u, idx), f in fan_of.items():
+        add_edge(u, f, _edge_matrix([s.out_specs[idx] for s in strats[u]], [s.in_specs[0] for s in strats[f]],
+                                    graph.nodes[u].outputs[idx], topo))
     for node in graph.nodes:
         v = node.id
         for i, (u, idx) in enumerate(node.inputs):
-            mat = _edge_matrix([s.out_specs[idx] for s in strats[u]], [s.in_specs[i] for s in strats[v]],
-                               graph.nodes[u].outputs[idx], topo)
-            if (u, v) in edge_index:
-                mats[edge_index[(u, v)]] = mats[edge_index[(u, v)]] + mat
-            else:
-                edge_index[(u, v)] = len(edges)
-                edges.append((u, v))
-                mats.append(mat)
-    problem = Problem(graph.name, costs, mems, graph.liveness(), edges, mats, memory_limit,
-                      [n.name for n in graph.nodes])
-    uf = UnionFind(graph.num_nodes)
+            src, j = (fan_of[(u, idx)], 0) if (u, idx) in fan_of else (u, idx)
+            add_edge(src, v, _edge_matrix([s.out_specs[j] for s in strats[src]], [s.in_specs[i] for s in strats[v]],
+                                          graph.nodes[u].outputs[idx], topo))
+    names = [n.name for n in graph.nodes] + [f"reshard({graph.nodes[u].name}:{idx})" for u, idx in fanouts]
+    intervals = graph.liveness() + [(0, 0)] * len(fanouts)
+    problem = Problem(graph.name, costs, mems, intervals, list(pair), list(pair.values()), memory_limit, names)
+    uf = UnionFind(len(costs))
     for v, u in enumerate(follows):
         if u is not None:
             uf.union(u, v)
@@ -147,4 +170,11 @@ def build_model(graph: Graph, topo: Topology, memory_limit: float | None = None,
                 uf.union(grp[0], v)
     if tie_layers:
         layer_ties(graph, uf, [len(s) for s in strats])
+        by_key: dict[tuple, int] = {}
+        for (u, idx), f in fan_of.items():
+            key = (uf.find(u), idx, len(strats[f]), tuple(sorted({uf.find(v) for v, _ in consumers[(u, idx)]})))
+            if key in by_key:
+                uf.union(by_key[key], f)
+            else:
+                by_key[key] = f
     return Model(graph, topo, rules, strats, follows, problem, uf.groups(), unknown)

@@ -68,6 +68,8 @@ def layer_ties(graph: Graph, uf: UnionFind, num_strategies: list[int], depth: in
     sig = signatures(graph, depth)
     buckets: dict[tuple[str, int], list[int]] = defaultdict(list)
     for grp in uf.groups():
+        if grp[0] >= len(sig):
+            continue  # nodes past the graph (reshard fan-outs) are tied by the caller
         key = (_h(sorted(sig[v] for v in grp)), num_strategies[grp[0]])
         buckets[key].append(grp[0])
     merged = 0
