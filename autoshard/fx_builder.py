@@ -111,11 +111,11 @@ def graph_from_fx(gm: torch.fx.GraphModule, roles: Sequence[str], names: Sequenc
     g.outputs = [env[r] for r in results if isinstance(r, torch.fx.Node) and r in env]
     params = [v for v in ph_ids if g.nodes[v].role == "param"]
     for p, pos in zip(params, grad_outputs):
-        gid = env[results[pos]][0]
-        g.grads[p] = gid
+        gid, gidx = env[results[pos]]
+        g.grads[p] = (gid, gidx)
         if g.nodes[gid].role == "op":
             g.nodes[gid] = _with_role(g.nodes[gid], "grad")
-    g.outputs = [o for o in g.outputs if o[0] not in set(g.grads.values())]
+    g.outputs = [o for o in g.outputs if o not in set(g.grads.values())]
     g.outputs += [(grp[-1], 0) for grp in groups if g.nodes[grp[0]].role == "param"]
     g.alias_groups = groups
     return g

@@ -82,12 +82,12 @@ class Graph:
 
     ``alias_groups`` lists node ids that hold the same logical tensor (a parameter, its
     optimizer state and their in-place updates): they must share a sharding.
-    ``grads[param id] = node id`` of the gradient consumed by the optimizer.
+    ``grads[param id] = (node id, output index)`` of the gradient the optimizer reads.
     """
 
     nodes: list[Node] = field(default_factory=list)
     alias_groups: list[list[int]] = field(default_factory=list)
-    grads: dict[int, int] = field(default_factory=dict)
+    grads: dict[int, tuple[int, int]] = field(default_factory=dict)
     outputs: list[tuple[int, int]] = field(default_factory=list)
     name: str = "graph"
 
