@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from autoshard.api import solve
     from autoshard.fx_builder import trace_training_step
-    from benchmarks.models import GPT2, GPT2Config
+    from autoshard.models import GPT2, GPT2Config
 
     cfg = GPT2Config(vocab=args.vocab, n_positions=max(args.seq, 1), n_embd=args.d_model,
                      n_layer=args.layers, n_head=args.heads)

@@ -9,7 +9,7 @@ baseline, and reads the solution back into a Plan. Plans are cached in memory by
 Example:
     >>> import torch
     >>> from mesh import Mesh, topology_for
-    >>> from benchmarks.models import GPT2, GPT2Config
+    >>> from autoshard.models import GPT2, GPT2Config
     >>> from autoshard.fx_builder import trace_training_step
     >>> model = GPT2(GPT2Config(vocab=64, n_positions=16, n_embd=32, n_layer=1, n_head=2))
     >>> g = trace_training_step(model, (torch.zeros(8, 8, dtype=torch.long),) * 2)
@@ -158,7 +158,7 @@ def make_plan(model: Model, folded: Folded, strategies: list[int], sol: Any, bas
         objective=float(objective), bound=float(min(sol.bound, objective)), gap=float(sol.gap),
         status=sol.status.value, solve_time=float(sol.solve_time),
         stats={"graph_nodes": g.num_nodes, "problem_nodes": prob.num_nodes, "edges": len(prob.edges),
-               "decision_groups": folded.num_groups, "folded_nodes": folded.problem.num_nodes,
+               "merged_groups": model.untied_groups, "decision_groups": folded.num_groups, "folded_nodes": folded.problem.num_nodes,
                "folded_edges": len(folded.problem.edges), "unknown_ops": sorted(set(model.unknown_ops)),
                "phase": sol.phase, **{k: v for k, v in sol.stats.items() if isinstance(v, (int, float, str))}})
 

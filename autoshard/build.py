@@ -16,7 +16,7 @@ Example:
     >>> _ = g.add("aten.mm.default", ((x, 0), (w, 0)), (TensorMeta((8, 2)),))
     >>> m = build_model(g, topology_for(Mesh(range(2), (2,), ("d",)), "cpu"))
     >>> [s.name for s in m.strategies[2]]
-    ['R', 'm', 'k']
+    ['R', 'm', 'k', 'n']
 """
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ class Model:
     problem: Problem
     ties: list[list[int]]
     unknown_ops: list[str] = field(default_factory=list)
+    untied_groups: int = 0  # decision groups after follower/alias merging, before layer tying
 
     def group_of(self) -> list[int]:
         """Index into :attr:`ties` for every node."""
@@ -168,6 +169,7 @@ def build_model(graph: Graph, topo: Topology, memory_limit: float | None = None,
         for v in grp[1:]:
             if len(strats[v]) == len(strats[grp[0]]):
                 uf.union(grp[0], v)
+    untied_groups = len(uf.groups())
     if tie_layers:
         layer_ties(graph, uf, [len(s) for s in strats])
         by_key: dict[tuple, int] = {}
@@ -177,4 +179,4 @@ def build_model(graph: Graph, topo: Topology, memory_limit: float | None = None,
                 uf.union(by_key[key], f)
             else:
                 by_key[key] = f
-    return Model(graph, topo, rules, strats, follows, problem, uf.groups(), unknown)
+    return Model(graph, topo, rules, strats, follows, problem, uf.groups(), unknown, untied_groups)

@@ -10,7 +10,7 @@ per list element, and in-place ops produce a new version of the tensor they muta
 
 Example:
     >>> import torch
-    >>> from benchmarks.models import GPT2, GPT2Config
+    >>> from autoshard.models import GPT2, GPT2Config
     >>> model = GPT2(GPT2Config(vocab=64, n_positions=16, n_embd=32, n_layer=1, n_head=2))
     >>> g = trace_training_step(model, (torch.zeros(2, 8, dtype=torch.long),) * 2)
     >>> sum(n.role == "param" for n in g.nodes) == len(list(model.parameters()))

@@ -1,9 +1,9 @@
 """Op-name -> rule registry, filled by the family modules with :func:`register`.
 
 Example:
-    >>> from autoshard.strategies import registered_ops
-    >>> "aten.mm.default" in registered_ops()
-    True
+    >>> from autoshard.strategies import lookup, registered_ops
+    >>> lookup("aten.mm.default").__name__, "aten.mm" in registered_ops()
+    ('mm', True)
 """
 from __future__ import annotations
 

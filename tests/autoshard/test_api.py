@@ -88,3 +88,14 @@ def test_bad_budget_is_rejected():
     m = Mesh(range(4), (4,))
     with pytest.raises(ValueError, match="memory_budget"):
         solve(_mlp(8, 8), m, "tpu-v5e", memory_budget=-1.0)
+
+
+def test_cli_prints_plan_and_baselines(capsys, tmp_path):
+    from autoshard.__main__ import main
+
+    out_json = tmp_path / "plan.json"
+    assert main(["plan", "--layers", "1", "--d-model", "32", "--heads", "2", "--vocab", "64", "--seq", "16",
+                 "--batch", "8", "--mesh", "2x2", "--time-limit", "20", "--json", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    assert "h.0.mlp.c_fc.weight" in text and "data_parallel" in text and "2d" in text
+    assert Plan.from_json(out_json.read_text()).mesh_shape == (2, 2)
