@@ -167,13 +167,62 @@ def _arc_consistency(f: Flat, allowed: np.ndarray) -> int:
         allowed[kill] = False
 
 
-def reduce(f: Flat, use_memory_limit: bool = True) -> Reduced:
+_M1, _M2, _M3 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: np.ndarray, salt: int) -> np.ndarray:
+    """splitmix64 finalizer of ``x ^ salt`` (uint64, wrapping)."""
+    with np.errstate(over="ignore"):
+        z = (x ^ np.uint64(salt)) + _M3
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def _signature(f: Flat, allowed: np.ndarray, salt: int) -> np.ndarray:
+    """A 64-bit hash per strategy of (cost, memory, every incident edge row or column),
+    where entries against forbidden partners read as one sentinel value."""
+    sig = _mix(f.cost.view(np.uint64), salt) ^ _mix(f.mem.view(np.uint64), salt + 1)
+    eid = f.eid.astype(np.uint64)
+    for own, other, base_other, ends in ((f.A, f.B, f.off[f.pv], 2), (f.B, f.A, f.off[f.pu], 3)):
+        val = np.where(allowed[other], f.c, np.nan).view(np.uint64)
+        pos = (other - base_other[f.eid]).astype(np.uint64)
+        h = _mix(val ^ _mix(pos, salt + ends), salt + 7 * ends)
+        row = _mix(eid, salt + 11 * ends)
+        np.bitwise_xor.at(sig, own, _mix(h, 0) ^ row)  # NOTE: XOR of per-entry hashes
+    return sig
+
+
+def _dedup(f: Flat, allowed: np.ndarray) -> int:
+    """Forbid strategies identical to a lower one of the same node; returns how many.
+
+    Identical = same cost, memory and edge rows (on allowed partners), compared through
+    two independent 64-bit hashes: a plan using the duplicate costs and weighs the same
+    with the kept one, so the optimum is unchanged.
+    """
+    removed = 0
+    while True:
+        h1, h2 = _signature(f, allowed, 1), _signature(f, allowed, 1000)
+        g = np.flatnonzero(allowed)
+        order = np.lexsort((g, h2[g], h1[g], f.node_of[g]))
+        gs = g[order]
+        same = ((f.node_of[gs][1:] == f.node_of[gs][:-1]) & (h1[gs][1:] == h1[gs][:-1])
+                & (h2[gs][1:] == h2[gs][:-1]))
+        dup = gs[1:][same]
+        if dup.size == 0:
+            return removed
+        allowed[dup] = False
+        removed += int(dup.size)
+
+
+def reduce(f: Flat, use_memory_limit: bool = True, dedup: bool = True) -> Reduced:
     """Presolve ``f`` (steps 1-4 of the module docstring)."""
     allowed = np.isfinite(f.cost)
     live = f.iv[:, 0] < f.iv[:, 1]
     if use_memory_limit and f.limit is not None:
         allowed &= ~((f.mem > f.limit) & live[f.node_of])
     rounds = _arc_consistency(f, allowed)
+    dups = _dedup(f, allowed) if dedup else 0
     na = np.bincount(f.node_of, weights=allowed, minlength=f.n).astype(np.int64)
     empty = np.flatnonzero(na == 0)
     first = _first_allowed(f, allowed)
@@ -211,6 +260,6 @@ def reduce(f: Flat, use_memory_limit: bool = True) -> Reduced:
     stats = dict(nodes=f.n, strategies=int(f.off[-1]), edges=int(f.pu.size),
                  free_nodes=int((na > 1).sum()), allowed=int(allowed[(na > 1)[f.node_of]].sum()),
                  fixed_nodes=int((na == 1).sum()), separable_edges=int((free_edge & ~nonsep).sum()),
-                 kept_edges=int(keep_edge.sum()), edge_vars=int(keep.sum()), ac_rounds=rounds)
+                 kept_edges=int(keep_edge.sum()), edge_vars=int(keep.sum()), ac_rounds=rounds, duplicates=dups)
     return Reduced(f, allowed, fixed, cost, const, f.A[keep], f.B[keep], f.c[keep],
                    new_id[f.eid[keep]], int(keep_edge.sum()), empty, stats)

@@ -29,7 +29,7 @@ from autoshard._presolve import Flat, InvalidProblemError, Reduced, flatten, red
 from autoshard.evaluate import check_strategies, evaluate, memory_profile
 from autoshard.problem import Problem
 
-__all__ = ["SolveStatus", "Solution", "MemoryBudgetError", "InvalidProblemError",
+__all__ = ["SolveStatus", "Solution", "MemoryBudgetError", "InvalidProblemError", "SolverError",
            "SolverTimeoutWarning", "solve_problem"]
 
 _PARAMS = {
@@ -44,6 +44,22 @@ class SolveStatus(str, Enum):
     FEASIBLE = "FEASIBLE"                    # time limit hit; ``gap`` says how far from proven
     INFEASIBLE = "INFEASIBLE"                # no plan with finite cost exists
     TIMEOUT_NO_SOLUTION = "TIMEOUT_NO_SOLUTION"
+
+
+class SolverError(RuntimeError):
+    """The OR-tools backend rejected the model or its parameters (a bug, not a user error)."""
+
+
+def _check_choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{what}={value!r} is not supported; choose one of {allowed}")
+
+
+def _checked(res: LpResult) -> LpResult:
+    if res.status in ("MODEL_INVALID", "INVALID_SOLVER_PARAMETERS", "SOLVER_TYPE_UNAVAILABLE",
+                      "INCOMPATIBLE_OPTIONS", "ABNORMAL"):
+        raise SolverError(f"OR-tools returned {res.status}")
+    return res
 
 
 class SolverTimeoutWarning(UserWarning):
@@ -106,10 +122,47 @@ def _is_integral(red: Reduced, model: Model, x: np.ndarray) -> bool:
 
 
 def _greedy(red: Reduced, model: Model) -> np.ndarray:
-    """Each free node's cheapest allowed strategy under the folded node costs."""
-    x = np.zeros(model.lb.size)
-    x[:model.num_s] = -red.cost[model.sg]
-    return _plan_from_x(red, model, x)
+    """Nodes in index order, each taking its cheapest strategy given the earlier choices.
+
+    Edge entries run from the lower node (A) to the higher (B), so node v only needs
+    the entries whose B belongs to v; a missing (``inf``) entry rules the pair out.
+    """
+    f = red.flat
+    plan = red.fixed.copy()
+    choice = np.full(f.n, -1, np.int64)
+    fixed = plan >= 0
+    choice[fixed] = f.off[:-1][fixed] + plan[fixed]
+    nb = f.node_of[red.B]
+    order = np.argsort(nb, kind="stable")
+    A, B, c, nb = red.A[order], red.B[order], red.c[order], nb[order]
+    lo, hi = np.searchsorted(nb, np.arange(f.n)), np.searchsorted(nb, np.arange(f.n), "right")
+    for v in np.flatnonzero(~fixed).tolist():
+        g0, g1 = int(f.off[v]), int(f.off[v + 1])
+        score = np.where(red.allowed[g0:g1], red.cost[g0:g1], np.inf)
+        a, b, cc = A[lo[v]:hi[v]], B[lo[v]:hi[v]], c[lo[v]:hi[v]]
+        if a.size:
+            na = f.node_of[a]
+            extra = np.zeros(g1 - g0)
+            hits = np.zeros(g1 - g0, np.int64)
+            on = a == choice[na]
+            np.add.at(extra, b[on] - g0, cc[on])
+            np.add.at(hits, b[on] - g0, 1)
+            score = np.where(hits == np.unique(na).size, score + extra, np.inf)
+        best = int(np.argmin(score)) if np.isfinite(score).any() else int(np.argmax(red.allowed[g0:g1]))
+        choice[v] = g0 + best
+        plan[v] = best
+    return plan
+
+
+def _trivial_bound(red: Reduced) -> float:
+    """Constant + each free node's cheapest strategy + each kept edge's cheapest entry."""
+    f = red.flat
+    free = (red.fixed < 0) & (np.bincount(f.node_of, weights=red.allowed, minlength=f.n) > 0)
+    cost = np.where(red.allowed & free[f.node_of], red.cost, np.inf)
+    node = np.minimum.reduceat(cost, f.off[:-1])[free] if f.n else np.zeros(0)
+    edge = np.full(red.num_edges, np.inf)
+    np.minimum.at(edge, red.edge, red.c)
+    return red.const + math.fsum(node.tolist()) + math.fsum(edge.tolist())
 
 
 def _hint(red: Reduced, model: Model, ws: np.ndarray) -> np.ndarray:
@@ -182,6 +235,8 @@ def _finish(problem: Problem, plan, status: SolveStatus, bound: float, t0: float
         cost, _, peak = evaluate(problem, plan)
         bound = min(bound, cost)
         gap = 0.0 if cost == bound else (cost - bound) / max(abs(cost), 1e-300)
+        if gap < 1e-12:  # float noise of the scaled objective
+            gap, bound = 0.0, cost
         sol = Solution(status, tuple(int(s) for s in plan), cost, bound, gap,
                        time.perf_counter() - t0, peak, phase, stats)
     log(f"done: {sol.status.value} objective={sol.objective:.10g} bound={sol.bound:.10g} "
@@ -226,6 +281,9 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
         >>> sol.status.value, sol.objective, sol.strategies
         ('OPTIMAL', 1.0, (0, 1))
     """
+    _check_choice("mip_solver", mip_solver, ("scip", "highs", "cp_sat"))
+    _check_choice("lp_solver", lp_solver, ("glop", "pdlp"))
+    _check_choice("memory_form", memory_form, ("auto", "direct", "incremental"))
     t0 = time.perf_counter()
     log = _Log(verbose, t0)
     left = lambda: time_limit - (time.perf_counter() - t0)  # noqa: E731
@@ -256,7 +314,8 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
         return _finish(problem, red.fixed, SolveStatus.OPTIMAL, -math.inf, t0, "presolve", stats, log)
     bound, lp_x = -math.inf, None
     if lp_first:
-        res = solve_model(model, lp_solver, max(0.3 * left(), 0.5), integer=False)
+        res = _checked(solve_model(model, lp_solver, max(0.3 * left(), 0.5), integer=False,
+                                   log=log.solver_line if verbose else None))
         lp_x = res.x
         log(f"LP relaxation ({lp_solver}): {res.status} {res.objective:.10g} in {res.seconds:.1f}s")
         if res.status == "OPTIMAL":
@@ -281,10 +340,12 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
             else _hint(red, model, np.asarray(best_plan)))
     params = _PARAMS.get(mip_solver, "").format(gap=rel_gap)
     log(f"MIP ({mip_solver}) with {left():.1f}s left" + (f", hint from {phase}" if hint is not None else ""))
-    res = solve_model(model, mip_solver, max(left(), 0.1), integer=True, hint=hint, params=params,
-                      log=log.solver_line if verbose else None)
+    res = _checked(solve_model(model, mip_solver, max(left(), 0.1), integer=True, hint=hint,
+                               params=params, log=log.solver_line if verbose else None))
     log(f"MIP: {res.status} objective {res.objective:.10g} bound {res.bound:.10g} in {res.seconds:.1f}s")
-    bound = max(bound, res.bound)
+    if res.x is not None or res.status == "OPTIMAL":  # else the backend's bound may be a placeholder
+        bound = max(bound, res.bound)
+    bound = max(bound, _trivial_bound(red))
     if res.x is not None:
         plan = _plan_from_x(red, model, res.x)
         cost, ok, _ = evaluate(problem, plan)

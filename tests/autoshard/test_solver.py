@@ -155,3 +155,9 @@ def test_invalid_problem_raises() -> None:
                 [(0, 1)], [np.zeros((3, 2))], None)
     with pytest.raises(InvalidProblemError, match=r"shape \(3, 2\), expected \(2, 3\)"):
         solve_problem(p)
+
+
+def test_unknown_backend_is_rejected() -> None:
+    p = Problem("t", [np.zeros(2)], [np.zeros(2)], [(0, 1)], [], [], None)
+    with pytest.raises(ValueError, match=r"mip_solver='gurobi' is not supported; choose one of"):
+        solve_problem(p, mip_solver="gurobi")
