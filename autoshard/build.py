@@ -1,0 +1,182 @@
+"""Graph + topology -> the strategy :class:`Problem`, with the ties that keep it small.
+
+Every node gets its rule's strategies (leaders enumerate, followers mirror the node
+they follow), a cost vector (roofline compute), a memory vector (local output bytes;
+views and in-place ops allocate nothing) and one edge per producer -> consumer pair
+whose matrix is the resharding cost. ``ties`` groups the nodes that must pick the
+same strategy index: followers with their leader, aliases (parameter, optimizer state
+and their in-place updates), and identical repeated layers (:mod:`autoshard.tying`).
+
+Example:
+    >>> from mesh import Mesh, topology_for
+    >>> from autoshard.graph import Graph, TensorMeta
+    >>> g = Graph()
+    >>> x = g.add("placeholder", (), (TensorMeta((8, 4)),), role="input", name="x")
+    >>> w = g.add("placeholder", (), (TensorMeta((4, 2)),), role="param", name="w")
+    >>> _ = g.add("aten.mm.default", ((x, 0), (w, 0)), (TensorMeta((8, 2)),))
+    >>> m = build_model(g, topology_for(Mesh(range(2), (2,), ("d",)), "cpu"))
+    >>> [s.name for s in m.strategies[2]]
+    ['R', 'm', 'k', 'n']
+"""
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+from mesh import Topology
+
+from autoshard.cost import compute_cost, memory_bytes, reshard_cost
+from autoshard.graph import Graph, Node
+from autoshard.problem import Problem
+from autoshard.spec import spec_str
+from autoshard.strategies import DimRule, Strategy, enumerate_strategies, follow_strategies, rule_for
+from autoshard.tying import UnionFind, layer_ties
+
+
+class UnknownOpWarning(UserWarning):
+    """An op has no strategy rule; it is planned as replicated (its inputs are gathered)."""
+
+
+@dataclass
+class Model:
+    """The built problem plus what is needed to read a solution back."""
+
+    graph: Graph
+    topology: Topology
+    rules: list[DimRule]
+    strategies: list[list[Strategy]]
+    follows: list[int | None]  # per graph node; problem nodes past the graph are reshard fan-outs
+    problem: Problem
+    ties: list[list[int]]
+    unknown_ops: list[str] = field(default_factory=list)
+    untied_groups: int = 0  # decision groups after follower/alias merging, before layer tying
+
+    def group_of(self) -> list[int]:
+        """Index into :attr:`ties` for every node."""
+        out = [0] * self.graph.num_nodes
+        for k, grp in enumerate(self.ties):
+            for v in grp:
+                out[v] = k
+        return out
+
+
+def _SOURCE(meta) -> DimRule:  # noqa: N802
+    return DimRule((), (tuple(f"d{i}" for i in range(meta.ndim)),))
+
+
+def _allocates(node: Node, rule: DimRule) -> bool:
+    packet = node.op.split(".")[1] if node.op.startswith("aten.") else node.op
+    if packet.endswith("_"):
+        return False  # in-place: writes into the tensor it mutates
+    return not (rule.follower and rule.linear and rule.flops == 0.0)  # views alias their input
+
+
+def _replicated_rule(node: Node, graph: Graph) -> DimRule:
+    ins = tuple(tuple(None for _ in node.input_meta(graph, i).shape) for i in range(len(node.inputs)))
+    return DimRule(ins, tuple(tuple(None for _ in o.shape) for o in node.outputs), flops=float(node.outputs[0].numel))
+
+
+def _edge_matrix(src: list, dst: list, meta, topo: Topology) -> np.ndarray:
+    """Resharding costs ``[p, q]``, computed once per distinct (source, target) spec pair."""
+    us, ui = _unique(src)
+    vs, vi = _unique(dst)
+    small = np.array([[reshard_cost(a, b, meta, topo) for b in vs] for a in us])
+    return small[np.ix_(ui, vi)]
+
+
+def _unique(specs: list) -> tuple[list, np.ndarray]:
+    index: dict = {}
+    ids = np.array([index.setdefault(s, len(index)) for s in specs], dtype=np.int64)
+    return list(index), ids
+
+
+def node_strategies(graph: Graph, topo: Topology) -> tuple[list[DimRule], list[list[Strategy]], list[int | None], list[str]]:
+    """Rules, strategies and followed node for every node, in execution order."""
+    sizes = topo.axis_sizes
+    rules, strats, follows, unknown = [], [], [], []
+    for node in graph.nodes:
+        rule = rule_for(node, graph)
+        if rule is None:
+            unknown.append(node.op)
+            rule = _replicated_rule(node, graph)
+        in_metas = tuple(node.input_meta(graph, i) for i in range(len(node.inputs)))
+        if rule.follower and node.inputs:
+            u, idx = node.inputs[rule.leader]
+            leader_specs = [s.out_specs[idx] for s in strats[u]]
+            strats.append(follow_strategies(rule, leader_specs, in_metas, node.outputs, sizes))
+            follows.append(u)
+        else:
+            strats.append(enumerate_strategies(rule, in_metas, node.outputs, sizes))
+            follows.append(None)
+        rules.append(rule)
+    for op in sorted(set(unknown)):
+        warnings.warn(f"no sharding strategy rule for op {op!r}; planning it as replicated",
+                      UnknownOpWarning, stacklevel=3)
+    return rules, strats, follows, unknown
+
+
+def build_model(graph: Graph, topo: Topology, memory_limit: float | None = None, *,
+                tie_layers: bool = True) -> Model:
+    """Build the full (untied) :class:`Problem` for ``graph`` on ``topo`` and its tie groups."""
+    rules, strats, follows, unknown = node_strategies(graph, topo)
+    sizes = topo.axis_sizes
+    costs, mems = [], []
+    for node, rule, ss in zip(graph.nodes, rules, strats):
+        in_metas = tuple(node.input_meta(graph, i) for i in range(len(node.inputs)))
+        if node.role == "input":  # feeding the batch: each device loads its shard
+            costs.append(np.array([topo.compute_time(0.0, memory_bytes(s.out_specs, node.outputs, sizes)) for s in ss]))
+        else:
+            costs.append(np.array([compute_cost(s, rule.flops, in_metas, node.outputs, topo) for s in ss]))
+        alloc = _allocates(node, rule)
+        mems.append(np.array([memory_bytes(s.out_specs, node.outputs, sizes) if alloc else 0.0 for s in ss]))
+    consumers: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+    for node in graph.nodes:
+        for i, ref in enumerate(node.inputs):
+            consumers[ref].append((node.id, i))
+    fanouts = [ref for ref, cs in consumers.items()
+               if graph.nodes[ref[0]].op != "placeholder" and len({v for v, _ in cs}) > 1]
+    fan_of = {ref: graph.num_nodes + k for k, ref in enumerate(fanouts)}
+    for u, idx in fanouts:  # one reshard per tensor, shared by all its readers
+        meta = graph.nodes[u].outputs[idx]
+        specs = [s.out_specs[0] for s in enumerate_strategies(_SOURCE(meta), (), (meta,), sizes)]
+        strats.append([Strategy(spec_str(sp), (sp,), (sp,)) for sp in specs])
+        costs.append(np.zeros(len(specs)))
+        mems.append(np.zeros(len(specs)))
+    pair: dict[tuple[int, int], np.ndarray] = {}
+
+    def add_edge(u: int, v: int, mat: np.ndarray) -> None:
+        pair[(u, v)] = pair[(u, v)] + mat if (u, v) in pair else mat
+
+    for (u, idx), f in fan_of.items():
+        add_edge(u, f, _edge_matrix([s.out_specs[idx] for s in strats[u]], [s.in_specs[0] for s in strats[f]],
+                                    graph.nodes[u].outputs[idx], topo))
+    for node in graph.nodes:
+        v = node.id
+        for i, (u, idx) in enumerate(node.inputs):
+            src, j = (fan_of[(u, idx)], 0) if (u, idx) in fan_of else (u, idx)
+            add_edge(src, v, _edge_matrix([s.out_specs[j] for s in strats[src]], [s.in_specs[i] for s in strats[v]],
+                                          graph.nodes[u].outputs[idx], topo))
+    names = [n.name for n in graph.nodes] + [f"reshard({graph.nodes[u].name}:{idx})" for u, idx in fanouts]
+    intervals = graph.liveness() + [(0, 0)] * len(fanouts)
+    problem = Problem(graph.name, costs, mems, intervals, list(pair), list(pair.values()), memory_limit, names)
+    uf = UnionFind(len(costs))
+    for v, u in enumerate(follows):
+        if u is not None:
+            uf.union(u, v)
+    for grp in graph.alias_groups:
+        for v in grp[1:]:
+            if len(strats[v]) == len(strats[grp[0]]):
+                uf.union(grp[0], v)
+    untied_groups = len(uf.groups())
+    if tie_layers:
+        layer_ties(graph, uf, [len(s) for s in strats])
+        by_key: dict[tuple, int] = {}
+        for (u, idx), f in fan_of.items():
+            key = (uf.find(u), idx, len(strats[f]), tuple(sorted({uf.find(v) for v, _ in consumers[(u, idx)]})))
+            if key in by_key:
+                uf.union(by_key[key], f)
+            else:
+                by_key[key] = f
+    return Model(graph, topo, rules, strats, follows, problem, uf.groups(), unknown, untied_groups)

@@ -1,0 +1,55 @@
+"""Render a :class:`autoshard.plan.Plan` as text tables (rich): summary, decisions, baselines."""
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from autoshard.spec import partition_spec, spec_str
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autoshard.plan import Plan
+
+
+def _t(seconds: float) -> str:
+    return "inf" if seconds == float("inf") else f"{seconds * 1e3:.3f} ms"
+
+
+def _b(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.3f} GiB" if nbytes >= 2**27 else f"{nbytes / 2**20:.2f} MiB"
+
+
+def render(plan: Plan, limit: int = 40) -> str:
+    """The plan's explanation as plain text."""
+    out = io.StringIO()
+    con = Console(file=out, width=130, force_terminal=False, color_system=None)
+    mesh = " x ".join(f"{a}={n}" for a, n in zip(plan.mesh_axes, plan.mesh_shape))
+    con.print(f"autoshard plan: mesh {mesh} on {plan.topology}; status {plan.status}, modelled step "
+              f"{_t(plan.objective)} (bound {_t(plan.bound)}, gap {plan.gap:.2%}), solved in {plan.solve_time:.2f} s")
+    mem = ", ".join(f"{k} {_b(v)}" for k, v in plan.memory.items())
+    con.print(f"memory per device: {mem}")
+    table = Table(title="parameters (placement per mesh axis; saving = runner-up's extra step time)")
+    for col in ("parameter", "shape", "placement", "partition spec", "runner-up", "saving", "compute", "comm"):
+        table.add_column(col)
+    for d in sorted(plan.decisions, key=lambda d: -d.saving)[:limit]:
+        table.add_row(d.name, str(plan.shapes.get(d.name, "")), spec_str(d.chosen),
+                      str(partition_spec(d.chosen, plan.mesh_axes, len(plan.shapes.get(d.name, ())))),
+                      "-" if d.runner_up is None else spec_str(d.runner_up), _t(d.saving),
+                      _t(d.compute), _t(d.comm))
+    if len(plan.decisions) > limit:
+        table.caption = f"{len(plan.decisions) - limit} more parameters not shown"
+    con.print(table)
+    inputs = [k for k, r in plan.roles.items() if r == "input"]
+    if inputs:
+        con.print("inputs: " + ", ".join(f"{k} {spec_str(plan.placements[k])}" for k in inputs))
+    base = Table(title="manual baselines (same cost model)")
+    for col in ("plan", "modelled step", "vs autoshard", "peak memory", "fits budget"):
+        base.add_column(col)
+    base.add_row("autoshard", _t(plan.objective), "1.00x", _b(plan.memory.get("peak", 0.0)), "yes")
+    for name, b in sorted(plan.baselines.items(), key=lambda kv: kv[1]["cost"]):
+        ratio = b["cost"] / plan.objective if plan.objective > 0 else float("nan")
+        base.add_row(name, _t(b["cost"]), f"{ratio:.2f}x", _b(b["peak_memory"]), "yes" if b["feasible"] else "no")
+    con.print(base)
+    return out.getvalue()

@@ -1,0 +1,16 @@
+"""Sharding strategies per op family, registered by decorator (one module per family).
+
+Example:
+    >>> from autoshard.strategies import DimRule, enumerate_strategies, registered_ops
+    >>> len(registered_ops()) > 50
+    True
+"""
+from __future__ import annotations
+
+from autoshard.strategies import (  # noqa: F401  (registration side effects)
+    attention, cat, elementwise, embedding, factory, index, matmul, norm, optimizer, reduction, view)
+from autoshard.strategies.base import PARTIAL, DimRule, Strategy, enumerate_strategies, follow_strategies
+from autoshard.strategies.registry import lookup, register, registered_ops, rule_for
+
+__all__ = ["DimRule", "PARTIAL", "Strategy", "enumerate_strategies", "follow_strategies", "lookup",
+           "register", "registered_ops", "rule_for"]

@@ -1,0 +1,44 @@
+"""Elementwise ops (with broadcasting): followers of their deepest operand.
+
+Ops that are linear in a single tensor operand (negation, scaling, copies) pass a
+``Partial`` leader through; the rest need it reduced first (an edge cost).
+"""
+from __future__ import annotations
+
+from autoshard.graph import Graph, Node
+from autoshard.strategies._util import broadcast_labels, deepest, dims, ins
+from autoshard.strategies.base import DimRule
+from autoshard.strategies.registry import register
+
+LINEAR = ("aten.neg", "aten.mul.Scalar", "aten.div.Scalar", "aten.clone", "aten._to_copy",
+          "aten.copy", "aten.alias", "aten.contiguous")
+NONLINEAR = ("aten.add", "aten.sub", "aten.mul.Tensor", "aten.div.Tensor", "aten.rsub", "aten.exp",
+             "aten.log", "aten.tanh", "aten.sigmoid", "aten.relu", "aten.gelu", "aten.gelu_backward",
+             "aten.threshold_backward", "aten.sqrt", "aten.rsqrt", "aten.pow", "aten.where", "aten.abs",
+             "aten.masked_fill", "aten.native_dropout", "aten.native_dropout_backward", "aten.silu",
+             "aten.silu_backward", "aten.tanh_backward", "aten.sigmoid_backward", "aten.reciprocal",
+             "aten.lerp", "aten.addcmul", "aten.addcdiv", "aten.maximum", "aten.minimum", "aten.eq",
+             "aten.ne", "aten.lt", "aten.gt", "aten.le", "aten.ge", "aten.logical_not", "aten.erf",
+             "aten.ones_like", "aten.zeros_like", "aten.full_like", "aten.empty_like", "aten.fill",
+             "aten.add_", "aten.mul_", "aten.copy_", "aten.sub_", "aten.div_")
+
+
+def elementwise_rule(node: Node, graph: Graph, linear: bool = False) -> DimRule:
+    """Output dims ``d0..``; each input right-aligned to them; follows the deepest input."""
+    metas = ins(node, graph)
+    outs = node.outputs
+    out = outs[0]
+    in_labels = tuple(broadcast_labels(m, out) for m in metas)
+    out_labels = tuple(dims("d", o.ndim) if o.shape == out.shape else tuple(None for _ in o.shape) for o in outs)
+    return DimRule(in_labels, out_labels, linear=linear and len(metas) == 1, follower=True,
+                   leader=deepest(node, graph) if metas else 0, flops=float(out.numel) * len(metas))
+
+
+@register(*LINEAR)
+def linear_elementwise(node: Node, graph: Graph) -> DimRule:
+    return elementwise_rule(node, graph, linear=True)
+
+
+@register(*NONLINEAR)
+def nonlinear_elementwise(node: Node, graph: Graph) -> DimRule:
+    return elementwise_rule(node, graph)

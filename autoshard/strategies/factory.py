@@ -1,0 +1,16 @@
+"""Tensors with no tensor inputs: parameters, inputs, optimizer state, constants (arange, ones...).
+
+Any non-Partial placement whose splits divide the shape; producing a shard is free.
+"""
+from __future__ import annotations
+
+from autoshard.graph import Graph, Node
+from autoshard.strategies._util import dims
+from autoshard.strategies.base import DimRule
+from autoshard.strategies.registry import register
+
+
+@register("placeholder", "aten.arange", "aten.ones", "aten.zeros", "aten.full", "aten.empty",
+          "aten.scalar_tensor", "aten.randn", "aten.rand", "aten.empty_strided")
+def source(node: Node, graph: Graph) -> DimRule:
+    return DimRule(tuple(), tuple(dims("d", o.ndim) for o in node.outputs), flops=0.0)

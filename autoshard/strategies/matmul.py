@@ -1,0 +1,41 @@
+"""Matmul family: mm, addmm, bmm, baddbmm. Contracting dims split -> Partial output."""
+from __future__ import annotations
+
+from autoshard.graph import Graph, Node
+from autoshard.strategies._util import ins
+from autoshard.strategies.base import DimRule
+from autoshard.strategies.registry import register
+
+_K = frozenset({"k"})
+
+
+@register("aten.mm")
+def mm(node: Node, graph: Graph) -> DimRule:
+    (m, k), (_, n) = (t.shape for t in ins(node, graph))
+    return DimRule((("m", "k"), ("k", "n")), (("m", "n"),), _K, flops=2.0 * m * k * n)
+
+
+@register("aten.addmm")
+def addmm(node: Node, graph: Graph) -> DimRule:
+    bias, a, b = ins(node, graph)
+    (m, k), n = a.shape, b.shape[1]
+    bias_labels = (("m", "n")[2 - bias.ndim:]) if bias.ndim else ()
+    bias_labels = tuple(None if s == 1 else l for l, s in zip(bias_labels, bias.shape))
+    return DimRule((bias_labels, ("m", "k"), ("k", "n")), (("m", "n"),), _K, additive=frozenset({0}),
+                   flops=2.0 * m * k * n)
+
+
+@register("aten.bmm")
+def bmm(node: Node, graph: Graph) -> DimRule:
+    (bs, m, k), (_, _, n) = (t.shape for t in ins(node, graph))
+    return DimRule((("b", "m", "k"), ("b", "k", "n")), (("b", "m", "n"),), _K, flops=2.0 * bs * m * k * n)
+
+
+@register("aten.baddbmm")
+def baddbmm(node: Node, graph: Graph) -> DimRule:
+    bias, a, b = ins(node, graph)
+    (bs, m, k), n = a.shape, b.shape[2]
+    labels = ("b", "m", "n")[3 - bias.ndim:]
+    labels = tuple(None if s == 1 else l for l, s in zip(labels, bias.shape))
+    return DimRule((labels, ("b", "m", "k"), ("b", "k", "n")), (("b", "m", "n"),), _K,
+                   additive=frozenset({0}), flops=2.0 * bs * m * k * n)
