@@ -49,7 +49,13 @@ class LazyTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
         from xla_dtensor.core.dispatch import dispatch
-        return dispatch(func, args, kwargs or {})
+        try:
+            return dispatch(func, args, kwargs or {})
+        except Exception as error:
+            from xla_dtensor.core import backward_errors
+            if not backward_errors.in_backward():
+                raise
+            return backward_errors.poisoned_result(func, args, kwargs or {}, error)
 
     # NOTE: these two make torch treat us as a traceable wrapper subclass, so that
     # ``module.to(dev)`` swaps parameters in place (``torch.utils.swap_tensors``) instead
