@@ -1,19 +1,11 @@
-"""torch <-> JAX dtype mapping for the lazy device."""
+"""torch <-> JAX dtypes for the lazy device, with the device's own error type."""
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
 import torch
 
-_TO_JAX: dict[torch.dtype, np.dtype] = {
-    torch.bool: jnp.dtype(jnp.bool_), torch.uint8: jnp.dtype(jnp.uint8), torch.int8: jnp.dtype(jnp.int8),
-    torch.int16: jnp.dtype(jnp.int16), torch.int32: jnp.dtype(jnp.int32), torch.int64: jnp.dtype(jnp.int64),
-    torch.uint16: jnp.dtype(jnp.uint16), torch.uint32: jnp.dtype(jnp.uint32), torch.uint64: jnp.dtype(jnp.uint64),
-    torch.float16: jnp.dtype(jnp.float16), torch.bfloat16: jnp.dtype(jnp.bfloat16),
-    torch.float32: jnp.dtype(jnp.float32), torch.float64: jnp.dtype(jnp.float64),
-    torch.complex64: jnp.dtype(jnp.complex64), torch.complex128: jnp.dtype(jnp.complex128),
-}
-_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in _TO_JAX.items()}
+from xla_dtensor.ops.dtypes import _TO_JAX, _TO_TORCH  # one table for lowerings and device
 
 
 class UnsupportedDtypeError(TypeError):
