@@ -256,7 +256,7 @@ def _memory_repair(st: _State, ch: np.ndarray) -> np.ndarray:
 
 
 def _improve_blocks(st: _State, ch: np.ndarray, deadline: float, rng: np.random.Generator,
-                    stats: dict, patience: int = 200) -> np.ndarray:
+                    stats: dict, patience: int | None = None) -> np.ndarray:
     """Alternate forest DP block moves (with memory prices) and local search polishing."""
     obj = st.objective(ch)
     R = st.base.size if st.mem is not None else 0
@@ -265,6 +265,8 @@ def _improve_blocks(st: _State, ch: np.ndarray, deadline: float, rng: np.random.
     cscale = float(np.abs(fin).mean()) if fin.size else 1.0
     escale = float(st.exc[st.exc > 0].mean()) if R and (st.exc > 0).any() else 1.0
     eta = cscale / escale ** 2
+    if patience is None:  # consecutive non-improving block moves before giving up
+        patience = int(min(200, 8 + st.eu.size // 4))
     fails = 0
     while fails < patience and time.perf_counter() < deadline:
         forest = random_forest(st, rng)
