@@ -247,7 +247,8 @@ def reduce(f: Flat, use_memory_limit: bool = True, dedup: bool = True) -> Reduce
     with np.errstate(invalid="ignore"):
         res = f.c - f.c[i_pq0] - f.c[i_p0q] + f.c[i_00]
         scale = np.abs(f.c) + np.abs(f.c[i_pq0]) + np.abs(f.c[i_p0q]) + np.abs(f.c[i_00])
-        bad = grid & ~(np.abs(res) <= 1e-12 * scale)  # NaN (inf - inf) counts as bad
+        # NaN (inf - inf) and inf (an inf entry: inf <= inf * 1e-12 holds) count as bad
+        bad = grid & ~(np.isfinite(res) & (np.abs(res) <= 1e-12 * scale))
     nonsep = np.bincount(f.eid, weights=bad, minlength=f.pu.size) > 0
     sep = free_edge & ~nonsep
     on_a = grid & sep[f.eid] & (f.B == b0)

@@ -6,7 +6,10 @@ continuous edge variables ``e[u,v,p,q]`` tied to ``s`` by ``sum_q e = s_u[p]`` a
 of :mod:`autoshard._presolve` (inf choices removed, single-strategy nodes and separable
 edges folded into costs, parallel edges merged).
 
-Order: the LP relaxation (GLOP) first; an integral LP optimum is a certified optimum.
+Order: the primal heuristic of :mod:`autoshard._heuristic` (a feasible plan in seconds:
+MIP hint and timeout fallback); then the LP relaxation (GLOP), whose integral optimum is
+a certified optimum. Models above ``lp_max_edge_vars`` edge variables skip LP and MIP
+and keep the heuristic's plan (FEASIBLE, trivial bound).
 Otherwise a MIP with a warm-start hint and the remaining time. MIP backend finding
 (IOPDDL B/G/V, 2 shared cores, see ``benchmarks/iopddl.py``): SCIP is the default; see
 the ``mip_solver`` argument for HiGHS and CP-SAT.
@@ -23,6 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
+from autoshard._heuristic import heuristic_plan
 from autoshard._lp import LpResult, Model, build_model, solve_model
 from autoshard._memory import memory_rows
 from autoshard._presolve import Flat, InvalidProblemError, Reduced, flatten, reduce
@@ -119,39 +123,6 @@ def _plan_from_x(red: Reduced, model: Model, x: np.ndarray) -> np.ndarray:
 def _is_integral(red: Reduced, model: Model, x: np.ndarray) -> bool:
     xs = x[:model.num_s]
     return bool(np.all(np.minimum(np.abs(xs), np.abs(1 - xs)) <= 1e-6))
-
-
-def _greedy(red: Reduced, model: Model) -> np.ndarray:
-    """Nodes in index order, each taking its cheapest strategy given the earlier choices.
-
-    Edge entries run from the lower node (A) to the higher (B), so node v only needs
-    the entries whose B belongs to v; a missing (``inf``) entry rules the pair out.
-    """
-    f = red.flat
-    plan = red.fixed.copy()
-    choice = np.full(f.n, -1, np.int64)
-    fixed = plan >= 0
-    choice[fixed] = f.off[:-1][fixed] + plan[fixed]
-    nb = f.node_of[red.B]
-    order = np.argsort(nb, kind="stable")
-    A, B, c, nb = red.A[order], red.B[order], red.c[order], nb[order]
-    lo, hi = np.searchsorted(nb, np.arange(f.n)), np.searchsorted(nb, np.arange(f.n), "right")
-    for v in np.flatnonzero(~fixed).tolist():
-        g0, g1 = int(f.off[v]), int(f.off[v + 1])
-        score = np.where(red.allowed[g0:g1], red.cost[g0:g1], np.inf)
-        a, b, cc = A[lo[v]:hi[v]], B[lo[v]:hi[v]], c[lo[v]:hi[v]]
-        if a.size:
-            na = f.node_of[a]
-            extra = np.zeros(g1 - g0)
-            hits = np.zeros(g1 - g0, np.int64)
-            on = a == choice[na]
-            np.add.at(extra, b[on] - g0, cc[on])
-            np.add.at(hits, b[on] - g0, 1)
-            score = np.where(hits == np.unique(na).size, score + extra, np.inf)
-        best = int(np.argmin(score)) if np.isfinite(score).any() else int(np.argmax(red.allowed[g0:g1]))
-        choice[v] = g0 + best
-        plan[v] = best
-    return plan
 
 
 def _trivial_bound(red: Reduced) -> float:
@@ -251,7 +222,8 @@ def _finish(problem: Problem, plan, status: SolveStatus, bound: float, t0: float
 def solve_problem(problem: Problem, time_limit: float = 60.0,
                   warm_start: Sequence[int] | None = None, verbose: bool = False, *,
                   mip_solver: str = "scip", lp_solver: str = "glop", lp_first: bool = True,
-                  rel_gap: float = 1e-9, memory_form: str = "auto") -> Solution:
+                  rel_gap: float = 1e-9, memory_form: str = "auto", heuristic: bool = True,
+                  heuristic_time: float | None = None, lp_max_edge_vars: int = 250_000) -> Solution:
     """Find the cheapest plan of ``problem`` within ``time_limit`` seconds.
 
     Args:
@@ -264,6 +236,12 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
         lp_first: solve the LP relaxation first (integral -> certified optimum).
         rel_gap: relative gap at which the MIP stops as OPTIMAL.
         memory_form: "direct", "incremental" (running sums) or "auto".
+        heuristic: run the primal heuristic (:mod:`autoshard._heuristic`) first; its plan
+            is the MIP hint and the fallback on timeout.
+        heuristic_time: its budget in seconds (default: a quarter of the limit, <= 15 s).
+        lp_max_edge_vars: above this many edge variables the model is "big": the LP-first
+            phase is skipped and, when the heuristic finds a plan, so is the MIP (the
+            heuristic gets the time; the bound is then the trivial one).
 
     Returns:
         A :class:`Solution`; ``FEASIBLE`` and ``TIMEOUT_NO_SOLUTION`` also warn
@@ -305,15 +283,40 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
     log(f"model: {model.lb.size} vars ({model.num_s} binary), {model.clb.size} rows, "
         f"{model.matrix.nnz} nonzeros, memory {model.memory_form} ({stats['memory_rows']} rows)")
     best_plan, best_cost, phase = None, math.inf, "warm_start"
+
+    def offer(name: str, cand) -> None:
+        nonlocal best_plan, best_cost, phase
+        if cand is None:
+            return
+        cost, ok, _ = evaluate(problem, cand)
+        log(f"{name} plan: objective {cost:.10g}{'' if ok else ' (infeasible)'}")
+        if ok and cost < best_cost:
+            best_plan, best_cost, phase = cand, cost, name
+
     if ws is not None:
-        cost, ok, _ = evaluate(problem, ws)
-        if ok:
-            best_plan, best_cost = ws, cost
-            log(f"warm start: objective {cost:.10g}")
+        offer("warm_start", ws)
     if model.num_s == 0:  # everything fixed by presolve
         return _finish(problem, red.fixed, SolveStatus.OPTIMAL, -math.inf, t0, "presolve", stats, log)
+    big = model.num_e > lp_max_edge_vars
+    if heuristic:
+        # NOTE: on big models (IOPDDL V/P/M) neither the LP nor the MIP finishes in a
+        # minute, and SCIP given a partial hint overran the limit (P: 281 s for 60 s),
+        # so there the heuristic gets the whole budget and is the answer.
+        default = 0.9 * left() if big else min(0.25 * left(), 15.0)
+        budget = default if heuristic_time is None else min(heuristic_time, left())
+        plan, hstats = heuristic_plan(red, mem, problem.memory_limit, max(budget, 0.0))
+        stats["heuristic"] = {k: v for k, v in hstats.items() if k != "reason"}
+        log(f"heuristic: {hstats}")
+        offer("heuristic", plan)
+    if big and best_plan is not None:
+        log(f"big model ({model.num_e} edge vars > lp_max_edge_vars={lp_max_edge_vars}): "
+            f"LP and MIP skipped, keeping the {phase} plan")
+        return _finish(problem, best_plan, SolveStatus.FEASIBLE, _trivial_bound(red), t0, phase,
+                       stats, log)
     bound, lp_x = -math.inf, None
-    if lp_first:
+    if lp_first and big:
+        log(f"LP-first skipped: {model.num_e} edge vars > lp_max_edge_vars={lp_max_edge_vars}")
+    elif lp_first:
         res = _checked(solve_model(model, lp_solver, max(0.3 * left(), 0.5), integer=False,
                                    log=log.solver_line if verbose else None))
         lp_x = res.x
@@ -327,13 +330,8 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
                     return _finish(problem, plan, SolveStatus.OPTIMAL, bound, t0, "lp", stats, log)
         elif res.status == "INFEASIBLE":
             return infeasible("lp")
-    for name, cand in (("greedy", _greedy(red, model)),
-                       ("lp rounding", None if lp_x is None else _plan_from_x(red, model, lp_x))):
-        if cand is not None:
-            cost, ok, _ = evaluate(problem, cand)
-            log(f"{name} plan: objective {cost:.10g}{'' if ok else ' (infeasible)'}")
-            if ok and cost < best_cost:
-                best_plan, best_cost, phase = cand, cost, name
+    if lp_x is not None:
+        offer("lp rounding", _plan_from_x(red, model, lp_x))
     # NOTE: OR-tools 9.15's HiGHS interface segfaults on some hinted models (seen on a
     # 7-variable one), so HiGHS gets no hint; the incumbent still backs up its result.
     hint = (None if best_plan is None or mip_solver == "highs"

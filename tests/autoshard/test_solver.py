@@ -161,3 +161,9 @@ def test_unknown_backend_is_rejected() -> None:
     p = Problem("t", [np.zeros(2)], [np.zeros(2)], [(0, 1)], [], [], None)
     with pytest.raises(ValueError, match=r"mip_solver='gurobi' is not supported; choose one of"):
         solve_problem(p, mip_solver="gurobi")
+
+
+@pytest.mark.parametrize("seed", range(40, 70))
+def test_random_without_memory_matches_brute_force(seed: int) -> None:
+    # seed 53: an inf entry between allowed strategies once passed the separability test
+    _check_against_brute(random_problem(seed, "none"))
