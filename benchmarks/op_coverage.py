@@ -60,7 +60,7 @@ def _to_jnp(x: Any) -> Any:
         x = x.detach().contiguous().cpu()
         if x.dtype in (torch.bfloat16, torch.float16):
             return jnp.asarray(x.float().numpy()).astype(to_jax(x.dtype))
-        return jnp.asarray(x.resolve_conj().resolve_neg().numpy())
+        return jnp.asarray(x.resolve_conj().resolve_neg().numpy().copy())  # never alias torch memory
     return x
 
 

@@ -31,7 +31,7 @@ def to_jnp(x: Any) -> Any:
         x = x.detach().contiguous()
         if x.dtype in (torch.bfloat16, torch.float16):
             return jnp.asarray(x.float().numpy()).astype(to_jax(x.dtype))
-        return jnp.asarray(x.numpy())
+        return jnp.asarray(x.numpy().copy())  # no aliasing: torch may mutate x in place later
     return x
 
 
