@@ -184,7 +184,8 @@ def _hardsigmoid(x: jax.Array) -> jax.Array:
 def _log_sigmoid_forward(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     dt = torch_dtype(x)
     y = cast(x, compute_type(dt))
-    return jax.nn.log_sigmoid(y).astype(to_jax(dt)), jnp.zeros((0,), to_jax(dt))
+    # the buffer is torch CPU's (exp(-|x|), consumed by log_sigmoid_backward); CUDA returns it empty
+    return jax.nn.log_sigmoid(y).astype(to_jax(dt)), jnp.exp(-jnp.abs(y)).astype(to_jax(dt))
 
 
 @lowering(aten.glu.default)

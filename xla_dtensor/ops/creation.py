@@ -148,7 +148,8 @@ def _linspace(start: Any, end: Any, steps: int, *, dtype: torch.dtype | None = N
     i = jnp.arange(steps, dtype=acc)
     s, e = jnp.asarray(start, acc), jnp.asarray(end, acc)
     step = (e - s) / max(steps - 1, 1)
-    out = jnp.where(i < steps // 2, s + i * step, e - (steps - 1 - i) * step)
+    out = jnp.where(i < steps // 2, s + i * step, e - (steps - 1 - i) * step) if steps > 1 else \
+        jnp.broadcast_to(s, (steps,))
     return out.astype(to_jax(dt)) if dt.is_floating_point else jnp.trunc(out).astype(to_jax(dt))
 
 

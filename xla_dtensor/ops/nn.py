@@ -134,12 +134,12 @@ def _nll_loss_forward(x: jax.Array, target: jax.Array, weight: jax.Array | None,
     if reduction not in _REDUCTIONS:
         raise ValueError(f"nll_loss: reduction={reduction}; allowed 0 (none), 1 (mean), 2 (sum)")
     dt = torch_dtype(x)
-    c = compute_type(dt)
-    picked, w, _ = _nll_parts(cast(x, c), target, weight, ignore_index)
+    c = to_jax(compute_type(dt))
+    picked, w, _ = _nll_parts(x.astype(c), target, weight, ignore_index)
     losses = -picked * w
     total = jnp.sum(w)
-    if reduction == 0:
-        return losses.astype(to_jax(dt)), jnp.zeros((), to_jax(dt))
+    if reduction == 0:  # torch reports the weight of a single (1-d input) sample even unreduced
+        return losses.astype(to_jax(dt)), (total if x.ndim == 1 else jnp.zeros((), c)).astype(to_jax(dt))
     out = jnp.sum(losses) / total if reduction == 1 else jnp.sum(losses)
     return out.astype(to_jax(dt)), total.astype(to_jax(dt))
 
@@ -153,7 +153,7 @@ def _nll_loss_backward(grad: jax.Array, x: jax.Array, target: jax.Array, weight:
     g = cast(grad, c)
     scale = -w * (g if reduction == 0 else g / cast(total_weight, c) if reduction == 1 else g)
     cdim = 1 if x.ndim >= 2 else 0
-    onehot = jax.nn.one_hot(safe, x.shape[cdim], dtype=c, axis=cdim)
+    onehot = jax.nn.one_hot(safe, x.shape[cdim], dtype=to_jax(c), axis=cdim)
     return (onehot * jnp.expand_dims(scale, cdim)).astype(to_jax(dt))
 
 

@@ -12,6 +12,7 @@ Example:
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import jax
@@ -135,7 +136,11 @@ def _logcumsumexp(x: jax.Array, dim: int) -> jax.Array:
 def _cum_extreme(x: jax.Array, dim: int, is_max: bool) -> tuple[jax.Array, jax.Array]:
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
-    d = wrap_dim(dim, x.ndim)
+    return _cum_scan(x, wrap_dim(dim, x.ndim), is_max)
+
+
+@partial(jax.jit, static_argnums=(1, 2))  # one fused scan when called eagerly; inlined under a trace
+def _cum_scan(x: jax.Array, d: int, is_max: bool) -> tuple[jax.Array, jax.Array]:
     idx = jax.lax.broadcasted_iota(jnp.int64, x.shape, d)
     isfloat = jnp.issubdtype(x.dtype, jnp.floating)
 
