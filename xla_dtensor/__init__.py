@@ -13,7 +13,6 @@ import mesh as _mesh  # noqa: F401  (sets the virtual CPU device default before 
 from mesh import HybridMesh, Mesh, get_global_mesh, set_global_mesh  # noqa: E402
 from xla_dtensor import metrics, random  # noqa: E402
 from xla_dtensor import ops as _ops  # noqa: E402,F401  (registers the lowerings)
-from xla_dtensor.ops import _core_temp  # noqa: E402,F401  (temporary lowering fixes)
 from xla_dtensor.config import config  # noqa: E402
 from xla_dtensor.core import LazyTensor, device, mark_step, sync, wait  # noqa: E402
 from xla_dtensor.debug import render_sharding, visualize_sharding  # noqa: E402
