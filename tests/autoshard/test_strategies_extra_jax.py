@@ -63,3 +63,25 @@ def test_fill_inplace_is_elementwise():
     x = _r(8, 16)
     _check("aten.fill_.Scalar", [x], (None, 2.5), [np.full_like(x, 2.5)], lambda st, p: [jnp.full_like(p, 2.5)],
            min_count=6)
+
+
+def test_mse_loss_and_backward():
+    x, y = _r(8, 16), _r(8, 16)
+    n = x.size
+
+    def fwd(st, p, q):
+        return [jnp.sum((p - q) ** 2) / n]  # a split dim leaves a Partial sum of the global mean
+
+    _check("aten.mse_loss.default", [x, y], (None, None, 1), [np.mean((x - y) ** 2)], fwd, min_count=6)
+    g = np.asarray(0.7, np.float32)
+    _check("aten.mse_loss_backward.default", [g, x, y], (None, None, None, 1), [0.7 * 2 * (x - y) / n],
+           lambda st, gg, p, q: [gg * 2 * (p - q) / n], min_count=6)
+
+
+def test_single_tensor_optimizer_updates_follow_the_updated_tensor():
+    p, g, v = _r(8, 16), _r(8, 16), np.abs(_r(8, 16)) + 0.1
+    strategies, _ = node_strategies("aten.addcdiv_.default", [p, g, v], (None, None, None, -0.01), [p.shape])
+    assert len(strategies) >= 6
+    check_op(strategies, [p, g, v], [p - 0.01 * g / v], lambda st, a, b, c: [a - 0.01 * b / c])
+    _check("aten.lerp_.Scalar", [p, g], (None, None, 0.1), [p + 0.1 * (g - p)],
+           lambda st, a, b: [a + 0.1 * (b - a)], min_count=6)
