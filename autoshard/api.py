@@ -3,8 +3,8 @@
 Builds the strategy problem (:mod:`autoshard.build`), folds its ties
 (:mod:`autoshard.fold`), scores the manual baselines (:mod:`autoshard.baselines`),
 solves with :func:`autoshard.solver.solve_problem` warm-started from the best
-baseline, and reads the solution back into a Plan. Plans are cached in memory by
-(graph fingerprint, mesh, topology, budget, time limit).
+baseline, and reads the solution back into a Plan. Plans are cached in memory and on
+disk (:mod:`autoshard.cache`) by (graph fingerprint, mesh, topology, budget, time limit).
 
 Example:
     >>> import torch
@@ -20,6 +20,7 @@ Example:
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from mesh import Mesh, Topology, topology_for
 
 from autoshard.baselines import Baseline, run_baselines
 from autoshard.build import Model, build_model
+from autoshard.cache import open_cache, plan_key
 from autoshard.evaluate import evaluate
 from autoshard.fold import Folded, fold_ties
 from autoshard.graph import Graph
@@ -47,7 +49,7 @@ def axis_kinds(mesh: Mesh | None, topo: Topology) -> tuple[str, ...]:
 
 def solve(graph: Graph, mesh: Mesh | None, topology: Topology | str = "tpu-v5e",
           memory_budget: float | None = None, time_limit: float = 60.0, *, verbose: bool = False,
-          cache: bool = True) -> Plan:
+          cache: bool = True, cache_dir: str | os.PathLike | bool | None = None) -> Plan:
     """Choose a sharding for every tensor of ``graph`` minimizing modelled step time.
 
     Args:
@@ -58,6 +60,9 @@ def solve(graph: Graph, mesh: Mesh | None, topology: Topology | str = "tpu-v5e",
         memory_budget: bytes per device (None: unlimited).
         time_limit: seconds for the solver; on timeout the best plan and its gap are
             returned with a :class:`autoshard.solver.SolverTimeoutWarning`.
+        cache: reuse plans (in memory, and on disk per ``cache_dir``).
+        cache_dir: plan cache directory (:mod:`autoshard.cache`); None: the default
+            (``$XLA_DTENSOR_CACHE_DIR/plans`` or ``~/.cache/xla_dtensor/plans``); False: memory only.
 
     Raises:
         MemoryBudgetError: the budget is below the smallest feasible plan's peak; the
@@ -69,6 +74,11 @@ def solve(graph: Graph, mesh: Mesh | None, topology: Topology | str = "tpu-v5e",
     key = (graph.fingerprint(), None if mesh is None else hash(mesh), topo, memory_budget, time_limit)
     if cache and key in _CACHE:
         return _CACHE[key]
+    disk = open_cache(cache_dir) if cache else None
+    disk_key = plan_key(graph, mesh, topo, memory_budget, time_limit) if disk is not None else ""
+    if disk is not None and (hit := disk.get(disk_key)) is not None:
+        _CACHE[key] = hit
+        return hit
     model = build_model(graph, topo, memory_budget)
     folded = fold_ties(model.problem, model.ties)
     baselines = run_baselines(model, folded, axis_kinds(mesh, topo))
@@ -85,6 +95,8 @@ def solve(graph: Graph, mesh: Mesh | None, topology: Topology | str = "tpu-v5e",
     plan = make_plan(model, folded, strategies, sol, baselines)
     if cache:
         _CACHE[key] = plan
+    if disk is not None:
+        disk.put(disk_key, plan)
     return plan
 
 

@@ -20,7 +20,8 @@ NONLINEAR = ("aten.add", "aten.sub", "aten.mul.Tensor", "aten.div.Tensor", "aten
              "aten.lerp", "aten.addcmul", "aten.addcdiv", "aten.maximum", "aten.minimum", "aten.eq",
              "aten.ne", "aten.lt", "aten.gt", "aten.le", "aten.ge", "aten.logical_not", "aten.erf",
              "aten.ones_like", "aten.zeros_like", "aten.full_like", "aten.empty_like", "aten.fill",
-             "aten.add_", "aten.mul_", "aten.copy_", "aten.sub_", "aten.div_")
+             "aten.add_", "aten.mul_", "aten.copy_", "aten.sub_", "aten.div_",
+             "aten.cos", "aten.sin", "aten.fill_")
 
 
 def elementwise_rule(node: Node, graph: Graph, linear: bool = False) -> DimRule:

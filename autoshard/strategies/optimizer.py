@@ -19,7 +19,11 @@ FOREACH = ("aten._foreach_add", "aten._foreach_add_", "aten._foreach_sub", "aten
            "aten._foreach_reciprocal_", "aten._foreach_pow")
 
 
-@register(*FOREACH)
+# single-tensor optimizer paths (torch picks them for tensor subclasses): the same rule per tensor
+SINGLE = ("aten.lerp_", "aten.addcmul_", "aten.addcdiv_", "aten.sqrt_", "aten.maximum_")
+
+
+@register(*FOREACH, *SINGLE)
 def foreach(node: Node, graph: Graph) -> DimRule:
     from dataclasses import replace
 
