@@ -22,6 +22,9 @@ from xla_dtensor.core.ir import DATA, Node, data_leaf, topo_order
 from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
 
 _CACHE: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+# NOTE: hooks for xla_dtensor.spmd (sticky shardings, uneven padding); empty unless it is imported.
+PRE_SYNC: list[Callable[[list[Storage]], None]] = []  # may rewrite pending storages' values
+POST_SYNC: list[Callable[[list[Storage]], None]] = []  # after the storages are rebound
 # dead inputs (e.g. a step's batch) are donated too; XLA just cannot reuse some of them
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -107,6 +110,8 @@ def sync(wait: bool = False) -> None:
     if not pending:
         return
     pending.sort(key=_seq)
+    for hook in PRE_SYNC:
+        hook(pending)
     roots = [s.value for s in pending]
     donate = {id(n) for n in topo_order(roots) if n.fn is None and n.op == DATA
               and id(n) not in held and isinstance(n.data, jax.Array)}
@@ -114,6 +119,8 @@ def sync(wait: bool = False) -> None:
     for s, arr in zip(pending, arrays):
         s.value = data_leaf(arr, s.meta[0], s.meta[1])
         s.version += 1
+    for hook in POST_SYNC:
+        hook(pending)
     if wait:
         jax.block_until_ready(arrays)
 
