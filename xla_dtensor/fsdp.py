@@ -20,7 +20,9 @@ import torch
 from torch import nn
 
 from xla_dtensor.core import device
+from xla_dtensor.core.ir import DATA
 from xla_dtensor.core.tensor import LazyTensor
+from xla_dtensor.spmd.api import distribute_tensor
 from xla_dtensor.spmd import annotate as A
 from xla_dtensor.spmd.module import constrain_activation
 
@@ -62,9 +64,17 @@ def shard_model(model: nn.Module, mesh: Any, axis: str = "fsdp", *, shard_inputs
         placements = [Shard(0) if i == m.axis_index(axis) else Replicate() for i in range(m.ndim)]
 
         def split_batch(mod: nn.Module, inputs: tuple) -> tuple:
-            return tuple(constrain_activation(x, m, placements)
-                         if isinstance(x, LazyTensor) and x.dim() > 0 else x for x in inputs)
+            return tuple(_split(x, m, placements) if isinstance(x, LazyTensor) and x.dim() > 0 else x
+                         for x in inputs)
         model.register_forward_pre_hook(split_batch)
     return model
 
 
+
+
+def _split(x: LazyTensor, m: Any, placements: list) -> LazyTensor:
+    """Device data (a fresh batch) moves to its shards now, so the program gets a committed
+    input; a computed value gets a sharding constraint."""
+    if not x._chain and x._storage.value.op == DATA and not x.requires_grad:
+        return distribute_tensor(x, m, placements)
+    return constrain_activation(x, m, placements)

@@ -236,8 +236,15 @@ def _post_sync(pending: list[Storage]) -> None:
         s.value = L.unpad(data_leaf(s.value.data, pshape, s.meta[1]), s.meta[0], ns)
 
 
+def _keep_pending(s: Storage) -> bool:
+    """``.cpu()`` of an annotated tensor must not rebind it to an unannotated result; the
+    next ``sync()`` computes it with its layout (an uneven one stays padded)."""
+    return s in _STICKY
+
+
 def install_hooks() -> None:
     """Register the sync hooks once (importing :mod:`xla_dtensor.spmd` does it)."""
     if _pre_sync not in executor.PRE_SYNC:
         executor.PRE_SYNC.append(_pre_sync)
         executor.POST_SYNC.append(_post_sync)
+        executor.KEEP_PENDING.append(_keep_pending)
