@@ -41,3 +41,33 @@ def last_compiled_hlo() -> str:
     if not executor._CACHE:
         raise LookupError("no program has been compiled yet")
     return next(reversed(executor._CACHE.values())).as_text()
+
+
+def to_host(t: LazyTensor) -> "np.ndarray":
+    """The whole value of ``t`` as a numpy array, also when other processes hold parts of it.
+
+    ``.cpu()`` / ``.item()`` need data this process can address; in a multi-process job a
+    sharded or replicated global array may not be, so use this (a replicated value is
+    read from a local replica; a sharded one is gathered over processes).
+
+    Example:
+        >>> import torch, xla_dtensor
+        >>> to_host(torch.ones(2, device=xla_dtensor.device())).tolist()
+        [1.0, 1.0]
+    """
+    import jax
+    import numpy as np
+
+    from xla_dtensor.core.executor import materialize
+    from xla_dtensor.spmd.layout import padded_source
+    from xla_dtensor.core.tensor import value_of
+    src = padded_source(value_of(t)) if not t._chain else None
+    arr = src.data if src is not None else materialize(t)
+    if not isinstance(arr, jax.Array) or arr.is_fully_addressable:
+        out = np.asarray(arr)
+    elif arr.is_fully_replicated:
+        out = np.asarray(arr.addressable_data(0))
+    else:
+        from jax.experimental import multihost_utils
+        out = np.asarray(multihost_utils.process_allgather(arr, tiled=True))
+    return out[tuple(slice(0, n) for n in t.shape)] if src is not None else out
