@@ -8,7 +8,7 @@ gradients; parameters and optimizer state stay sharded across steps.
 Example:
     >>> import torch, xla_dtensor
     >>> from mesh import Mesh
-    >>> m = shard_model(torch.nn.Linear(16, 8), Mesh(range(8), (8,), ("fsdp",)))
+    >>> m = shard_model(torch.nn.Linear(8, 16), Mesh(range(8), (8,), ("fsdp",)))
     >>> xla_dtensor.spmd.get_spec(m.weight).to_partition_spec()
     ('fsdp', None)
 """
