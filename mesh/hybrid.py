@@ -118,8 +118,9 @@ def group_granules(devices: Sequence[Any] | None, num_granules: int | None) -> l
                                  f"{len(devices)} devices")
         per = len(devices) // num_granules
         return [[d.id for d in devices[k * per:(k + 1) * per]] for k in range(num_granules)]
-    attr = "slice_index" if all(getattr(d, "slice_index", None) is not None for d in devices) \
-        else "process_index"
+    # NOTE: CPU/GPU devices report slice_index 0 everywhere; then processes are the granules
+    slices = {getattr(d, "slice_index", None) for d in devices}
+    attr = "slice_index" if None not in slices and len(slices) > 1 else "process_index"
     groups: dict[int, list[int]] = {}
     for d in devices:
         groups.setdefault(getattr(d, attr), []).append(d.id)

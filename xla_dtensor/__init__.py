@@ -18,6 +18,14 @@ from xla_dtensor.core import LazyTensor, device, mark_step, sync, wait  # noqa: 
 from xla_dtensor.debug import render_sharding, visualize_sharding  # noqa: E402
 from xla_dtensor.random import manual_seed  # noqa: E402
 from xla_dtensor.sharding import HloSharding, ShardingError, ShardingSpec, shard_indices  # noqa: E402
+from xla_dtensor import spmd  # noqa: E402
+from xla_dtensor.spmd import (  # noqa: E402
+    XLAShardedTensor, distribute_module, distribute_tensor, init_device_mesh, mark_sharding,
+    visualize_tensor_sharding,
+)
+from xla_dtensor import _torch_hook  # noqa: E402
+
+_torch_hook.install()
 
 __version__ = "0.1.0"
 
@@ -25,4 +33,6 @@ __all__ = [
     "HloSharding", "HybridMesh", "LazyTensor", "Mesh", "ShardingError", "ShardingSpec", "config",
     "device", "get_global_mesh", "manual_seed", "mark_step", "metrics", "random", "render_sharding",
     "set_global_mesh", "shard_indices", "sync", "visualize_sharding", "wait",
+    "XLAShardedTensor", "distribute_module", "distribute_tensor", "init_device_mesh", "mark_sharding",
+    "spmd", "visualize_tensor_sharding",
 ]

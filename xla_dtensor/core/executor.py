@@ -22,6 +22,10 @@ from xla_dtensor.core.ir import DATA, Node, data_leaf, topo_order
 from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
 
 _CACHE: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+# NOTE: hooks for xla_dtensor.spmd (sticky shardings, uneven padding); empty unless it is imported.
+PRE_SYNC: list[Callable[[list[Storage]], None]] = []  # may rewrite pending storages' values
+POST_SYNC: list[Callable[[list[Storage]], None]] = []  # after the storages are rebound
+KEEP_PENDING: list[Callable[[Storage], bool]] = []  # materialize() leaves such a storage's value pending
 # dead inputs (e.g. a step's batch) are donated too; XLA just cannot reuse some of them
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -107,6 +111,8 @@ def sync(wait: bool = False) -> None:
     if not pending:
         return
     pending.sort(key=_seq)
+    for hook in PRE_SYNC:
+        hook(pending)
     roots = [s.value for s in pending]
     donate = {id(n) for n in topo_order(roots) if n.fn is None and n.op == DATA
               and id(n) not in held and isinstance(n.data, jax.Array)}
@@ -114,6 +120,8 @@ def sync(wait: bool = False) -> None:
     for s, arr in zip(pending, arrays):
         s.value = data_leaf(arr, s.meta[0], s.meta[1])
         s.version += 1
+    for hook in POST_SYNC:
+        hook(pending)
     if wait:
         jax.block_until_ready(arrays)
 
@@ -137,7 +145,8 @@ def materialize(t: LazyTensor) -> Any:
     if v.fn is None:
         return v.data
     arr = execute([v])[0]
-    if not t._chain:  # NOTE: a view keeps its pending value: a cached leaf could be donated later
+    if not t._chain and not any(keep(t._storage) for keep in KEEP_PENDING):
+        # NOTE: a view keeps its pending value: a cached leaf could be donated later
         t._storage.value = data_leaf(arr, t._meta[0], t._meta[1])
         t._storage.version += 1
     return arr

@@ -1,0 +1,24 @@
+"""Exceptions of :mod:`xla_dtensor.spmd`; every message shows the bad value and what is allowed."""
+from __future__ import annotations
+
+from xla_dtensor.sharding.errors import ShardingError
+
+
+class MeshDevicesError(ShardingError):
+    """A mesh names devices JAX does not have, or a reshard changes the device set."""
+
+
+class NotShardableError(ShardingError, TypeError):
+    """The object cannot carry a sharding (not a tensor on the ``jax`` device, wrong kind)."""
+
+
+class AlreadyDistributedError(RuntimeError):
+    """``distribute_module`` was applied twice to the same module."""
+
+
+class DependencyImportError(RuntimeError):
+    """An ``ImportError`` raised inside xla_dtensor while torch's DTensor API called it.
+
+    torch wraps every ``ImportError`` from the xla hook into "install torch_xla"; this
+    type carries the original message instead (the original is the ``__cause__``).
+    """

@@ -1,0 +1,147 @@
+"""How a sharded value is stored: sharding-constraint nodes, device placement, uneven padding.
+
+Invariants:
+
+* A sharding *annotation* on a pending value is a ``sharding_constraint`` node (an
+  identity whose ``Node.sharding`` the executor applies with
+  ``jax.lax.with_sharding_constraint``); its key holds the sharding, so the program
+  cache tells layouts apart.
+* Device data of an **even** layout is a ``jax.Array`` with that ``NamedSharding``.
+* Device data of an **uneven** layout (a dim not divisible by its shard count; JAX
+  arrays cannot hold one) is stored padded with zeros to ``ceil(n/k)*k`` rows, evenly
+  sharded, behind an ``unpad`` node that slices it back to the logical shape and
+  constrains the result to the logical (uneven) sharding, which XLA supports inside a
+  program. Every tensor the user sees has the logical shape.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from xla_dtensor.core.dtypes import to_jax
+from xla_dtensor.core.ir import DATA, Node, data_leaf, make_node
+from xla_dtensor.sharding import ShardingSpec
+
+CONSTRAINT, UNPAD, PAD = "sharding_constraint", "unpad", "pad"
+_FNS: dict[tuple, Any] = {}
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def named(spec: ShardingSpec) -> jax.sharding.NamedSharding:
+    """The JAX sharding of ``spec`` after its pending reductions (on the root mesh)."""
+    return spec.reduced().on_root().to_named_sharding()
+
+
+def is_even(spec: ShardingSpec, shape: tuple[int, ...]) -> bool:
+    """Whether every dim of ``shape`` divides by its shard count."""
+    return all(n % k == 0 for n, k in zip(shape, spec.on_root().shard_counts))
+
+
+def padded_shape(spec: ShardingSpec, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` with each sharded dim rounded up to a multiple of its shard count."""
+    return tuple(-(-n // k) * k for n, k in zip(shape, spec.on_root().shard_counts))
+
+
+def constrain(value: Node, sharding: Any) -> Node:
+    """``value`` annotated with ``sharding`` (a ``NamedSharding``)."""
+    key = (CONSTRAINT, sharding)
+    node = make_node(CONSTRAINT, key, hash(key), (value,), _identity)
+    node.sharding = sharding
+    return node
+
+
+def is_constraint(node: Node, sharding: Any = None) -> bool:
+    return node.op == CONSTRAINT and (sharding is None or node.sharding == sharding)
+
+
+def unpad(padded: Node, shape: tuple[int, ...], sharding: Any) -> Node:
+    """The logical ``shape`` slice of a padded value, constrained to ``sharding``."""
+    key = (UNPAD, shape)
+    fn = _FNS.get(key)
+    if fn is None:
+        index = tuple(slice(0, n) for n in shape)
+        fn = _FNS[key] = lambda x: x[index]
+    sliced = make_node(UNPAD, key, hash(key), (padded,), fn)
+    return constrain(sliced, sharding)
+
+
+def pad(value: Node, shape: tuple[int, ...], pshape: tuple[int, ...], sharding: Any) -> Node:
+    """``value`` zero-padded from ``shape`` to ``pshape``, constrained to ``sharding``."""
+    key = (PAD, shape, pshape)
+    fn = _FNS.get(key)
+    if fn is None:
+        widths = tuple((0, p - n) for n, p in zip(shape, pshape))
+        fn = _FNS[key] = lambda x: jnp.pad(x, widths)
+    return constrain(make_node(PAD, key, hash(key), (value,), fn), sharding)
+
+
+def padded_source(value: Node) -> Node | None:
+    """The padded device-data leaf behind an ``unpad`` value, else ``None``."""
+    if is_constraint(value) and value.inputs[0].op == UNPAD:
+        leaf = value.inputs[0].inputs[0]
+        return leaf if leaf.op == DATA else None
+    return None
+
+
+def place_host(host: torch.Tensor, spec: ShardingSpec) -> Node:
+    """Put CPU tensor ``host`` on the devices laid out as ``spec``, shard by shard.
+
+    Each device receives only its own slice (no device ever holds the whole tensor).
+    """
+    shape = tuple(host.shape)
+    arr = _numpy(host)
+    ns = named(spec)
+    if is_even(spec, shape):
+        out = jax.make_array_from_callback(shape, ns, lambda idx: arr[idx])
+        return data_leaf(out, shape, host.dtype)
+    pshape = padded_shape(spec, shape)
+    padded = np.zeros(pshape, arr.dtype)
+    padded[tuple(slice(0, n) for n in shape)] = arr
+    out = jax.make_array_from_callback(pshape, ns, lambda idx: padded[idx])
+    return unpad(data_leaf(out, pshape, host.dtype), shape, ns)
+
+
+def reshard(value: Node, shape: tuple[int, ...], dtype: torch.dtype, spec: ShardingSpec) -> Node:
+    """``value`` laid out as ``spec``: device data moves now, a pending value gets a constraint."""
+    ns = named(spec)
+    src = padded_source(value)
+    if src is not None:  # an uneven value whose data is already on the devices
+        value = data_leaf(_jitted(("unpad", shape), None)(src.data), shape, dtype)
+    if value.op != DATA or not isinstance(value.data, jax.Array):
+        return constrain(value, ns)
+    if is_even(spec, shape):
+        return data_leaf(jax.device_put(value.data, ns), shape, dtype)
+    pshape = padded_shape(spec, shape)
+    out = _jitted(("pad", shape, pshape), ns)(value.data)
+    return unpad(data_leaf(out, pshape, dtype), shape, ns)
+
+
+_JITTED: dict[tuple, Any] = {}
+
+
+def _jitted(key: tuple, sharding: Any) -> Any:
+    """A cached jitted pad/unpad program whose output has ``sharding`` (``None``: XLA's choice)."""
+    fn = _JITTED.get((key, sharding))
+    if fn is None:
+        if key[0] == "pad":
+            widths = tuple((0, p - n) for n, p in zip(key[1], key[2]))
+            body = lambda x: jnp.pad(x, widths)  # noqa: E731
+        else:
+            index = tuple(slice(0, n) for n in key[1])
+            body = lambda x: x[index]  # noqa: E731
+        fn = _JITTED[(key, sharding)] = jax.jit(body, out_shardings=sharding)
+    return fn
+
+
+def _numpy(host: torch.Tensor) -> np.ndarray:
+    c = host.detach().cpu()
+    if c.dtype == torch.bfloat16:
+        return c.float().numpy().astype(to_jax(torch.bfloat16))
+    return np.ascontiguousarray(c.resolve_conj().resolve_neg().numpy())
