@@ -1,8 +1,15 @@
-"""Shared test setup: import mesh first so JAX starts with 8 virtual CPU devices."""
+"""Shared test setup: 8 virtual CPU devices, and caches kept out of the user's home."""
 from __future__ import annotations
 
-import mesh  # noqa: F401  (must precede any jax import)
-import pytest
+import os
+import tempfile
+
+# Plans and compiled programs land in a per-run temporary folder, so tests neither read
+# a developer's cache nor leave files behind (subprocesses inherit the variable).
+os.environ.setdefault("XLA_DTENSOR_CACHE_DIR", tempfile.mkdtemp(prefix="xla_dtensor_test_cache_"))
+
+import mesh  # noqa: E402,F401  (must precede any jax import: sets the virtual device count)
+import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
