@@ -75,7 +75,25 @@ def _resize_(op: Any, args: tuple, kwargs: dict) -> Any:
     raise NotImplementedError(f"resize_ from {tuple(self.shape)} to {size} is not supported on the jax device")
 
 
+def _native_batch_norm(op: Any, args: tuple, kwargs: dict) -> Any:
+    # NOTE: native_batch_norm updates running_mean/var in place without saying so in its
+    # schema; record the functional form and write the new statistics back explicitly.
+    x, weight, bias, running_mean, running_var, training, momentum, eps = (*args, *kwargs.values())
+    if running_mean is None or running_var is None:
+        return dispatch(aten._native_batch_norm_legit.no_stats, (x, weight, bias, training, momentum, eps), {})
+    if not training:
+        return dispatch(aten._native_batch_norm_legit_no_training.default,
+                        (x, weight, bias, running_mean, running_var, momentum, eps), {})
+    out, mean, invstd, new_mean, new_var = dispatch(
+        aten._native_batch_norm_legit_functional.default,
+        (x, weight, bias, running_mean, running_var, True, momentum, eps), {})
+    _copy_(aten.copy_.default, (running_mean, new_mean), {})
+    _copy_(aten.copy_.default, (running_var, new_var), {})
+    return out, mean, invstd
+
+
 SPECIAL.update({
+    aten.native_batch_norm.default: _native_batch_norm,
     aten.copy_.default: _copy_,
     aten._to_copy.default: _to_copy,
     aten.detach.default: _alias,

@@ -74,14 +74,21 @@ def test_optimizers_match_cpu(dev, gpt_setup, opt_fn, ref_fn):
     assert compiles[3] == 0
 
 
-def test_resnet_5_steps_matches_cpu(dev):
+@pytest.mark.parametrize("norm", ["group", "batch"])
+def test_resnet_5_steps_matches_cpu(dev, norm):
     torch.manual_seed(0)
-    net = ResNet(ResNetConfig(channels=(8, 16), num_classes=10, norm="group"))
+    net = ResNet(ResNetConfig(channels=(8, 16), num_classes=10, norm=norm))
     g = torch.Generator().manual_seed(2)
     batches = [(torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 10, (4,), generator=g)) for _ in range(5)]
     loss_fn = lambda m, x, y: F.cross_entropy(m(x), y)  # noqa: E731
     sgd = lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)  # noqa: E731
-    ref, _, _ = _train(copy.deepcopy(net), sgd, batches, loss_fn)
-    got, compiles, _ = _train(copy.deepcopy(net).to(dev), sgd, batches, loss_fn, dev)
+    ref_net, lazy_net = copy.deepcopy(net), copy.deepcopy(net).to(dev)
+    ref, _, _ = _train(ref_net, sgd, batches, loss_fn)
+    got, compiles, _ = _train(lazy_net, sgd, batches, loss_fn, dev)
     torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=0)
     assert all(c == 0 for c in compiles[2:]), compiles
+    # buffers (batch norm running statistics, batch counters) and eval-mode outputs too
+    for (name, want), got_buf in zip(ref_net.named_buffers(), lazy_net.buffers()):
+        torch.testing.assert_close(got_buf.cpu(), want, rtol=1e-4, atol=1e-6, msg=name)
+    x = batches[0][0]
+    torch.testing.assert_close(lazy_net.eval()(x.to(dev)).cpu(), ref_net.eval()(x), rtol=1e-4, atol=1e-5)
