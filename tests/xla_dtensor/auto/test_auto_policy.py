@@ -291,3 +291,41 @@ def test_use_spmd_auto_plans_an_optimizer(dev):
     torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=0)
     plan = xs.last_plan()
     assert {"param0", "param1"} <= set(plan.placements)
+
+
+# -- autoshard pinning (what keeps user hints) ----------------------------------------------
+def _mlp_graph():
+    from autoshard.graph import Graph, TensorMeta
+    g = Graph(name="mlp")
+    x = g.add("placeholder", (), (TensorMeta((64, 8)),), role="input", name="x")
+    w1 = g.add("placeholder", (), (TensorMeta((8, 512)),), role="param", name="w1")
+    w2 = g.add("placeholder", (), (TensorMeta((512, 8)),), role="param", name="w2")
+    h = g.add("aten.mm.default", ((x, 0), (w1, 0)), (TensorMeta((64, 512)),))
+    y = g.add("aten.mm.default", ((h, 0), (w2, 0)), (TensorMeta((64, 8)),))
+    g.outputs = [(g.add("aten.sum.default", ((y, 0),), (TensorMeta(()),)), 0)]
+    return g
+
+
+def test_pinned_solve_equals_brute_force_over_plans_keeping_the_pin():
+    import numpy as np
+    from autoshard.brute import brute_force
+    from autoshard.build import build_model
+    from autoshard.fold import fold_ties
+    from mesh import Mesh, topology_for
+    m = Mesh(range(4), (2, 2), ("data", "model"))
+    topo = topology_for(m, "tpu-v5e")
+    g = _mlp_graph()
+    free = autoshard.solve(g, m, topo, time_limit=20, cache=False)
+    base = build_model(g, topo)
+    for pin in {s.out_specs[0] for s in base.strategies[1]} - {free.placements["w1"]}:
+        plan = autoshard.solve(g, m, topo, time_limit=20, cache=False, pinned={"w1": pin})
+        assert plan.placements["w1"] == pin
+        model = build_model(g, topo)
+        model.problem.node_costs[1] = np.where([s.out_specs[0] == pin for s in model.strategies[1]],
+                                               model.problem.node_costs[1], np.inf)
+        cost, _, _ = brute_force(fold_ties(model.problem, model.ties).problem)
+        assert plan.objective == pytest.approx(cost, rel=1e-9, abs=1e-15)
+    with pytest.raises(autoshard.PinError, match="'w9'"):
+        autoshard.solve(g, m, topo, cache=False, pinned={"w9": ("R", "R")})
+    with pytest.raises(autoshard.PinError, match=r"S\(5\)R"):
+        autoshard.solve(g, m, topo, cache=False, pinned={"w1": (("S", 5), "R")})
