@@ -19,6 +19,14 @@ from xla_dtensor.core import LazyTensor, device, mark_step, sync, wait  # noqa: 
 from xla_dtensor.debug import render_sharding, visualize_sharding  # noqa: E402
 from xla_dtensor.random import manual_seed  # noqa: E402
 from xla_dtensor.sharding import HloSharding, ShardingError, ShardingSpec, shard_indices  # noqa: E402
+from xla_dtensor import runtime  # noqa: E402  (fast paths and debuggability)
+from xla_dtensor.debug import analysis as _analysis  # noqa: E402
+from xla_dtensor.debug.hlo import get_hlo, get_stablehlo  # noqa: E402
+from xla_dtensor.debug.metrics_report import metrics_report, short_metrics_report  # noqa: E402
+from xla_dtensor.eager import eager_mode, is_eager  # noqa: E402
+from xla_dtensor.jit import compile  # noqa: E402,A004
+
+_analysis.install()
 
 __version__ = "0.1.0"
 
@@ -26,4 +34,6 @@ __all__ = [
     "HloSharding", "HybridMesh", "LazyTensor", "Mesh", "ShardingError", "ShardingSpec", "config",
     "device", "get_global_mesh", "manual_seed", "mark_step", "metrics", "random", "render_sharding",
     "set_global_mesh", "shard_indices", "sync", "visualize_sharding", "wait",
+    "compile", "eager_mode", "get_hlo", "get_stablehlo", "is_eager", "metrics_report", "runtime",
+    "short_metrics_report",
 ]
