@@ -112,18 +112,20 @@ def _single(sharding: Any) -> bool:
 def explain_lazy(roots: list, compiled: bool, seconds: float) -> None:
     """Report a lazy execution (called by the instrumented executor)."""
     from xla_dtensor.core import executor
+    from xla_dtensor.core.ir import topo_order
     struct, leaves, _, _, outs = executor._plan(roots)
     site = user_frame()
     detail = ""
     descs = _describe_leaves(leaves)
-    ops = [s if isinstance(s, int) else s[0] for s in struct]
+    ops = [(str(n.op), n.key) for n in topo_order(roots) if n.fn is not None]
     last = _SITE_LAST.get(site)
     if compiled and last is not None:
         detail = "recompile: " + _diff(last, descs, ops)
     if compiled:
         _SITE_LAST[site] = (descs, ops, struct)
-    event("compile" if compiled else "execute", lazy_cause(), hash(struct), len(leaves), len(outs),
-          site=site, detail=detail, count=compiled, seconds=seconds)
+    cause = lazy_cause()
+    event("compile" if compiled else "execute", cause, hash(struct), len(leaves), len(outs),
+          site=site, detail=detail, count=compiled and cause != "eager op", seconds=seconds)
 
 
 def _diff(last: tuple, descs: list[str], ops: list) -> str:
@@ -137,8 +139,15 @@ def _diff(last: tuple, descs: list[str], ops: list) -> str:
         return f"graph size {len(old_ops)} -> {len(ops)} nodes (same inputs)"
     for i, (a, b) in enumerate(zip(old_ops, ops)):
         if a != b:
-            return f"graph differs at node {i} (same inputs)"
+            if a[0] != b[0]:
+                return f"graph differs at op {i}: {a[0]} -> {b[0]} (same inputs)"
+            return f"op {i} ({b[0]}) has new arguments: {_short(a[1])} -> {_short(b[1])}"
     return "different outputs or donation (same graph)"
+
+
+def _short(key: object, limit: int = 160) -> str:
+    text = repr(key[1] if isinstance(key, tuple) and len(key) == 2 else key)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 _INSTALLED = [False]

@@ -102,8 +102,8 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     grad_storages: dict[int, Storage] = {}
     for p in params:
         g = p.grad
-        if g is not None and id(p) not in had_grad and isinstance(g, LazyTensor) and not g._chain:
-            grads.append((weakref.ref(p), g._meta))
+        if g is not None and id(p) not in had_grad and isinstance(g, LazyTensor):
+            grads.append((weakref.ref(p), g._meta))  # NOTE: may be a view (a transposed mm result)
             grad_storages[id(g._storage)] = g._storage
     escaped = _escaped(start, out_storages, grad_storages)
     if escaped:
@@ -121,7 +121,7 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
         state.append((src, s.meta))
         roots.append(s.value)
     for ref, _ in grads:
-        roots.append(ref().grad._storage.value)
+        roots.append(value_of(ref().grad))
     out_items = []
     for t in out_leaves:
         if isinstance(t, LazyTensor):

@@ -92,8 +92,12 @@ class CompiledFunction:
         elif sig in self._lazy:
             return self._run_lazily(args, kwargs)
         elif e is None:
-            reason = "first call" if self._last_sig is None else \
-                f"new input signature: {describe_change(self._last_sig, sig)}"
+            if self._last_sig is None:
+                reason = "first call"
+            elif sig == self._last_sig:
+                reason = "the previous call created new state tensors"
+            else:
+                reason = f"new input signature: {describe_change(self._last_sig, sig)}"
         else:
             reason = "graph changed earlier: traced on every call"
         return self._trace(sig, flat, args, kwargs, reason, e)
