@@ -112,6 +112,31 @@ def _time_mode(step, reps: int, warm: int = 3) -> tuple[float, float]:  # noqa: 
     return statistics.median(host), (time.perf_counter() - t0) * 1e3 / reps
 
 
+OVERHEAD: dict[str, tuple[float, float, int]] = {}
+
+
+def _replay_overhead(cstep, args: tuple, reps: int) -> tuple[float, float, int]:  # noqa: ANN001
+    """(median ms of the replay's own Python: gather + rebind, median ms of the executable call, inputs)."""
+    from xla_dtensor.jit.args import signature
+    flat: list = []
+    entry = cstep._entries[signature(args, {}, flat)]
+    py, call = [], []
+    for _ in range(reps):
+        xla_dtensor.wait()
+        t0 = time.perf_counter()
+        inputs = entry.gather(flat)
+        t1 = time.perf_counter()
+        results = entry.compiled(*inputs)
+        t2 = time.perf_counter()
+        jax.block_until_ready(results)
+        t3 = time.perf_counter()
+        entry.apply(results, flat)
+        t4 = time.perf_counter()
+        py.append((t1 - t0 + t4 - t3) * 1e3)
+        call.append((t2 - t1) * 1e3)
+    return statistics.median(py), statistics.median(call), len(inputs)
+
+
 def bench_modes(reps: int) -> dict[str, tuple[float, float]]:
     from benchmarks.models import gpt2_jax
     dev = xla_dtensor.device()
@@ -135,7 +160,9 @@ def bench_modes(reps: int) -> dict[str, tuple[float, float]]:
         mc = (copy.deepcopy(base) if n_layer == 2 else GPT2(_cfg(n_layer))).to(dev)
         optc = torch.optim.AdamW(mc.parameters(), lr=1e-3)
         cstep = xla_dtensor.compile(_train_step)
-        res["compile" if n_layer == 2 else "compile (6 layers)"] = _time_mode(lambda: cstep(mc, optc, d, d), reps)
+        name = "compile" if n_layer == 2 else "compile (6 layers)"
+        res[name] = _time_mode(lambda: cstep(mc, optc, d, d), reps)
+        OVERHEAD[name] = _replay_overhead(cstep, (mc, optc, d, d), reps)
 
     me = copy.deepcopy(base).to(dev)
     opte = torch.optim.AdamW(me.parameters(), lr=1e-3)
@@ -183,6 +210,9 @@ def main() -> None:
     for k, (h, st) in modes.items():
         print(f"{k:<20}{h:>14.3f}{st:>10.3f}{st / jstep:>12.2f}{ctput / st:>23.2f}")
     print(f"compile-mode host ms/step, 2 vs 6 layers: {modes['compile'][0]:.3f} vs {modes['compile (6 layers)'][0]:.3f}")
+    for k, (py, call, n_in) in OVERHEAD.items():
+        print(f"{k}: replay Python (gather inputs + rebind results) {py:.3f} ms for {n_in} program inputs; "
+              f"executable call (host, on CPU it may run inline) {call:.3f} ms")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

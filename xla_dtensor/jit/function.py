@@ -170,16 +170,29 @@ class CompiledFunction:
 
 
 def _executable(cap: Any) -> tuple[Any, bool]:
-    key = (cap.struct, tuple(cap.outs), cap.donate)
+    baked = replay.baked_constants(cap)
+    dyn = [i for i in range(len(cap.leaves)) if i not in baked]
+    pos = {i: j for j, i in enumerate(dyn)}
+    donate = tuple(pos[i] for i in cap.donate)
+    key = (cap.struct, tuple(cap.outs), donate, tuple((i, type(v), v) for i, v in baked.items()))
     cache = executor._CACHE
     compiled = cache.get(key)
     if compiled is not None:
         cache.move_to_end(key)
         metrics._COUNTS["cache_hits"] += 1
         return compiled, False
-    program = executor._program(cap.fns, cap.wiring, cap.shardings, cap.outs)
+    run = executor._program(cap.fns, cap.wiring, cap.shardings, cap.outs)
+    n = len(cap.leaves)
+
+    def program(*values: Any) -> tuple:
+        full: list[Any] = [None] * n
+        for i, v in baked.items():
+            full[i] = v
+        for j, i in enumerate(dyn):
+            full[i] = values[j]
+        return run(*full)
     t0 = time.perf_counter()
-    compiled = jax.jit(program, donate_argnums=cap.donate).lower(*replay.first_inputs(cap)).compile()
+    compiled = jax.jit(program, donate_argnums=donate).lower(*replay.first_inputs(cap)).compile()
     timing.record("compile", time.perf_counter() - t0)
     metrics._COUNTS["compiles"] += 1
     cache[key] = compiled

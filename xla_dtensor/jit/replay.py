@@ -30,10 +30,14 @@ class Entry:
         self.compiled, self.struct, self.ops, self.sources = compiled, cap.struct, cap.ops, cap.sources
         self.calls, self.always_trace = 0, False
         self.n_in, self.n_out = len(cap.leaves), len(results)
-        self.template: list[Any] = [None] * len(cap.leaves)
+        baked = baked_constants(cap)
+        pos = {i: j for j, i in enumerate(i for i in range(len(cap.leaves)) if i not in baked)}
+        self.template: list[Any] = [None] * len(pos)
         self.arg_in, self.cap_in, self.key_in, self.host_in = [], [], [], []
-        for i, (src, n) in enumerate(zip(cap.sources, cap.leaves)):
-            kind = src[0]
+        for k, (src, n) in enumerate(zip(cap.sources, cap.leaves)):
+            if k in baked:
+                continue
+            i, kind = pos[k], src[0]
             if kind == "arg":
                 self.arg_in.append((i, src[1], n.hash))
             elif kind == "cap":
@@ -44,9 +48,9 @@ class Entry:
                 self.host_in.append((i, src[1], src[2]))
             else:
                 self.template[i] = src[1]
-        self.donate = cap.donate
+        self.donate = tuple(pos[i] for i in cap.donate)
         dset = set(cap.donate)
-        self.keep = [i for i, src in enumerate(cap.sources) if src[0] in ("arg", "cap") and i not in dset]
+        self.keep = [pos[i] for i, src in enumerate(cap.sources) if src[0] in ("arg", "cap") and i not in dset]
         metas = [m for _, m in cap.state] + [m for _, m in cap.grads] + [it[1] for it in cap.out_items if it[0] == "t"]
         keys = []
         for arr, meta in zip(results, metas):
@@ -119,9 +123,21 @@ class Entry:
         return pytree.tree_unflatten(outs, self.out_spec)
 
 
+def baked_constants(cap: Capture) -> dict[int, Any]:
+    """Leaf index -> value of the Python-scalar constants, compiled into the program as literals.
+
+    NOTE: passing ~10^2 Python scalars (per-tensor optimizer coefficients) as arguments
+    costs milliseconds per call; as literals they cost nothing, and a changed value is a
+    new signature (optimizer hyperparameters) or caught by the periodic re-check.
+    """
+    return {i: src[1] for i, src in enumerate(cap.sources)
+            if src[0] == "const" and type(src[1]) in (int, float, bool, complex)}
+
+
 def first_inputs(cap: Capture) -> list:
-    """The inputs of the traced call itself (the leaves' current arrays)."""
-    return [n.data for n in cap.leaves]
+    """The program inputs of the traced call itself (the non-baked leaves' current arrays)."""
+    baked = baked_constants(cap)
+    return [n.data for i, n in enumerate(cap.leaves) if i not in baked]
 
 
 def compare(entry: Entry, cap: Capture) -> str | None:
