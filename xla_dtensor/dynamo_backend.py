@@ -23,7 +23,7 @@ fakify (a core change, tracked in docs/fastpaths.md).
 Example:
     >>> import torch, xla_dtensor, xla_dtensor.dynamo_backend
     >>> f = torch.compile(lambda x: torch.sin(x) * 2, backend="xla_dtensor")
-    >>> f(torch.zeros(2, device=xla_dtensor.device())).tolist()
+    >>> f(torch.zeros(2)).tolist()   # a CPU input: runs on the JAX devices, result copied back
     [0.0, 0.0]
 """
 from __future__ import annotations
