@@ -5,37 +5,32 @@ graph compiled in warm-up), microseconds of host time per recorded op, next to o
 call of the same program as a ``jax.jit``-compiled function (its host time / N).
 Per-step: host milliseconds of a GPT-2 training step (forward, backward, AdamW,
 ``sync()`` on a cache hit) vs calling the step's own compiled executable directly.
-Prints medians and ratios; saves ``trace_overhead.png``. A benchmark, not a test.
+Modes: the same GPT-2 train step (forward, backward, AdamW) in lazy mode (retraced
+every step), ``xla_dtensor.compile`` (replayed), eager mode, ``torch.compile(backend=
+"xla_dtensor")`` (a CPU model: dynamo cannot yet fakify jax-device tensors, so each
+step also copies parameters in and results out), and the same model written directly
+in JAX (``benchmarks/models/gpt2_jax.py``, weights copied) under ``jax.jit``. For each:
+host ms/step (time until the step call returns) and step ms (wall time of back-to-back
+steps, then a wait). Compile-mode host time is also measured on a 3x deeper model to
+show it does not grow with the op count.
+Prints medians and ratios; saves ``benchmarks/results/trace_overhead.png``. A
+benchmark, not a test.
 
-Usage: PYTHONPATH=. python benchmarks/trace_overhead.py [--n 2000] [--reps 7]
+Usage: PYTHONPATH=. python benchmarks/trace_overhead.py [--n 2000] [--reps 7] [--skip-ops]
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
+from pathlib import Path
 
 import xla_dtensor  # noqa: I001  (sets up devices before jax)
 import jax
 import torch
 
 from benchmarks.models import GPT2, GPT2Config
-from xla_dtensor.core import executor
-
-
-def _capture_program() -> list:
-    """Wrap executor.execute to remember the last (compiled, args) it ran."""
-    seen: list = [False]
-    real = executor.execute
-
-    def spy(roots, donate=None):
-        if seen[0]:  # copy the inputs before the step donates them
-            _, leaves, *_ = executor._plan(roots)
-            seen[1:] = [[jax.numpy.array(n.data, copy=True) if isinstance(n.data, jax.Array) else n.data
-                         for n in leaves]]
-        return real(roots, donate)
-    executor.execute = spy
-    return seen
 
 
 def chain(kind: str, x: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
@@ -82,72 +77,168 @@ def bench_ops(n: int, reps: int) -> dict[str, tuple[float, float]]:
     return out
 
 
-def bench_gpt2(reps: int) -> tuple[float, float]:
-    dev = xla_dtensor.device()
-    torch.manual_seed(0)
-    model = GPT2(GPT2Config(vocab=128, n_positions=32, n_embd=64, n_layer=2, n_head=4)).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    idx = torch.randint(0, 128, (4, 32))
-    seen = _capture_program()
-    host = []
-    for i in range(reps + 3):
-        xla_dtensor.wait()
-        t0 = time.perf_counter()
-        d = idx.to(dev)
-        loss = model(d, d)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        xla_dtensor.sync()
-        host.append((time.perf_counter() - t0) * 1e3)
-    seen[0] = True
-    d = idx.to(dev)
-    model(d, d).backward()
+def _cfg(n_layer: int = 2) -> GPT2Config:
+    return GPT2Config(vocab=128, n_positions=32, n_embd=64, n_layer=n_layer, n_head=4)
+
+
+def _train_step(model, opt, x, y):  # noqa: ANN001, ANN202
+    loss = model(x, y)
+    loss.backward()
     opt.step()
     opt.zero_grad()
-    xla_dtensor.sync()
-    compiled = executor._CACHE[next(reversed(executor._CACHE))]
-    args = seen[1]
-    jit_host = []
-    # the same compiled step called directly (what a traced-once replay would cost), no donation reuse
+    return loss
+
+
+def _time_mode(step, reps: int, warm: int = 3) -> tuple[float, float]:  # noqa: ANN001
+    """(median host ms until ``step()`` returns, ms per step of ``reps`` back-to-back steps)."""
+    for _ in range(warm):
+        step()
+    xla_dtensor.wait()
+    host = []
     for _ in range(reps):
-        fresh = [jax.numpy.array(a, copy=True) if isinstance(a, jax.Array) else a for a in args]
-        jax.block_until_ready(fresh)
+        xla_dtensor.wait()
         t0 = time.perf_counter()
-        r = compiled(*fresh)
-        jit_host.append((time.perf_counter() - t0) * 1e3)
-        jax.block_until_ready(r)
-    return statistics.median(host[3:]), statistics.median(jit_host)
+        out = step()
+        host.append((time.perf_counter() - t0) * 1e3)
+        del out
+    xla_dtensor.wait()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        out = step()
+    jax.block_until_ready(out if isinstance(out, jax.Array) else [])
+    if isinstance(out, torch.Tensor):
+        out.item()
+    xla_dtensor.wait()
+    return statistics.median(host), (time.perf_counter() - t0) * 1e3 / reps
+
+
+OVERHEAD: dict[str, tuple[float, float, int]] = {}
+
+
+def _replay_overhead(cstep, args: tuple, reps: int) -> tuple[float, float, int]:  # noqa: ANN001
+    """(median ms of the replay's own Python: gather + rebind, median ms of the executable call, inputs)."""
+    from xla_dtensor.jit.args import signature
+    flat: list = []
+    entry = cstep._entries[signature(args, {}, flat)]
+    py, call = [], []
+    for _ in range(reps):
+        xla_dtensor.wait()
+        t0 = time.perf_counter()
+        inputs = entry.gather(flat)
+        t1 = time.perf_counter()
+        results = entry.compiled(*inputs)
+        t2 = time.perf_counter()
+        jax.block_until_ready(results)
+        t3 = time.perf_counter()
+        entry.apply(results, flat)
+        t4 = time.perf_counter()
+        py.append((t1 - t0 + t4 - t3) * 1e3)
+        call.append((t2 - t1) * 1e3)
+    return statistics.median(py), statistics.median(call), len(inputs)
+
+
+def bench_modes(reps: int) -> dict[str, tuple[float, float]]:
+    from benchmarks.models import gpt2_jax
+    dev = xla_dtensor.device()
+    torch.manual_seed(0)
+    base = GPT2(_cfg())
+    idx = torch.randint(0, 128, (4, 32))
+    d = idx.to(dev)
+    res = {}
+
+    m = copy.deepcopy(base).to(dev)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+
+    def lazy_step():  # noqa: ANN202
+        loss = _train_step(m, opt, d, d)
+        xla_dtensor.sync()
+        return loss
+    res["lazy"] = _time_mode(lazy_step, reps)
+
+    for n_layer in (2, 6):
+        torch.manual_seed(0)
+        mc = (copy.deepcopy(base) if n_layer == 2 else GPT2(_cfg(n_layer))).to(dev)
+        optc = torch.optim.AdamW(mc.parameters(), lr=1e-3)
+        cstep = xla_dtensor.compile(_train_step)
+        name = "compile" if n_layer == 2 else "compile (6 layers)"
+        res[name] = _time_mode(lambda: cstep(mc, optc, d, d), reps)
+        OVERHEAD[name] = _replay_overhead(cstep, (mc, optc, d, d), reps)
+
+    me = copy.deepcopy(base).to(dev)
+    opte = torch.optim.AdamW(me.parameters(), lr=1e-3)
+    xla_dtensor.eager_mode(True)
+    try:
+        res["eager"] = _time_mode(lambda: _train_step(me, opte, d, d), reps)
+    finally:
+        xla_dtensor.eager_mode(False)
+
+    from xla_dtensor import dynamo_backend  # noqa: F401  (registers the backend)
+    mt = copy.deepcopy(base)
+    cm = torch.compile(mt, backend="xla_dtensor")
+    optt = torch.optim.AdamW(mt.parameters(), lr=1e-3, foreach=True)
+    res["torch.compile"] = _time_mode(lambda: _train_step(cm, optt, idx, idx), reps)
+
+    params = gpt2_jax.params_from_torch(base)
+    state = gpt2_jax.adamw_init(params)
+    jstep = gpt2_jax.make_train_step(base.cfg.n_head, lr=1e-3, wd=0.01)
+    ji = jax.numpy.asarray(idx.numpy())
+    box = [params, state]
+
+    def jax_step():  # noqa: ANN202
+        box[0], box[1], loss = jstep(box[0], box[1], ji, ji)
+        return loss
+    res["pure JAX"] = _time_mode(jax_step, reps)
+    return res
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--skip-ops", action="store_true", help="only the per-mode GPT-2 step table")
     a = ap.parse_args()
-    ops = bench_ops(a.n, a.reps)
-    print(f"{'op':<6}{'lazy us/op':>12}{'jax.jit us/op':>15}{'ratio':>8}")
-    for k, (lazy, jit) in ops.items():
-        print(f"{k:<6}{lazy:>12.2f}{jit:>15.3f}{lazy / jit:>8.1f}")
-    step, jstep = bench_gpt2(a.reps)
-    print(f"GPT-2 (2 layers, n_embd 64, batch 4x32) host ms/step: lazy {step:.1f}, "
-          f"compiled step called directly {jstep:.2f}, ratio {step / jstep:.0f}")
+    ops = {} if a.skip_ops else bench_ops(a.n, a.reps)
+    if ops:
+        print(f"{'op':<6}{'lazy us/op':>12}{'jax.jit us/op':>15}{'ratio':>8}")
+        for k, (lazy, jit) in ops.items():
+            print(f"{k:<6}{lazy:>12.2f}{jit:>15.3f}{lazy / jit:>8.1f}")
+    modes = bench_modes(max(a.reps, 10))
+    jhost, jstep = modes["pure JAX"]
+    ctput = modes["compile"][1]
+    print("\nGPT-2 train step (2 layers, n_embd 64, batch 4x32, AdamW), medians")
+    print(f"{'mode':<20}{'host ms/step':>14}{'step ms':>10}{'step / JAX':>12}{'throughput vs compile':>23}")
+    for k, (h, st) in modes.items():
+        print(f"{k:<20}{h:>14.3f}{st:>10.3f}{st / jstep:>12.2f}{ctput / st:>23.2f}")
+    print(f"compile-mode host ms/step, 2 vs 6 layers: {modes['compile'][0]:.3f} vs {modes['compile (6 layers)'][0]:.3f}")
+    for k, (py, call, n_in) in OVERHEAD.items():
+        print(f"{k}: replay Python (gather inputs + rebind results) {py:.3f} ms for {n_in} program inputs; "
+              f"executable call (host, on CPU it may run inline) {call:.3f} ms")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
-    kinds = list(ops)
-    ax[0].bar([i - 0.2 for i in range(3)], [ops[k][0] for k in kinds], 0.4, label="lazy core")
-    ax[0].bar([i + 0.2 for i in range(3)], [ops[k][1] for k in kinds], 0.4, label="jax.jit")
-    ax[0].set_xticks(range(3), kinds)
-    ax[0].set_ylabel("host us / op")
-    ax[0].axhline(20, ls="--", c="gray", lw=0.8)
-    ax[0].legend()
-    ax[1].bar(["lazy step", "compiled call"], [step, jstep])
-    ax[1].set_ylabel("host ms / GPT-2 step")
+    fig, ax = plt.subplots(1, 3 if ops else 2, figsize=(13 if ops else 9, 3.8))
+    ax = list(ax)
+    if ops:
+        kinds = list(ops)
+        ax[0].bar([i - 0.2 for i in range(3)], [ops[k][0] for k in kinds], 0.4, label="lazy core")
+        ax[0].bar([i + 0.2 for i in range(3)], [ops[k][1] for k in kinds], 0.4, label="jax.jit")
+        ax[0].set_xticks(range(3), kinds)
+        ax[0].set_ylabel("host us / op")
+        ax[0].legend()
+        ax = ax[1:]
+    names = list(modes)
+    ax[0].bar(names, [modes[k][0] for k in names])
+    ax[0].set_yscale("log")
+    ax[0].set_ylabel("host ms / GPT-2 step")
+    ax[1].bar(names, [modes[k][1] for k in names])
+    ax[1].set_yscale("log")
+    ax[1].set_ylabel("ms / GPT-2 step (back to back)")
+    for x in ax[:2]:
+        x.tick_params(axis="x", rotation=30)
     fig.tight_layout()
-    fig.savefig("trace_overhead.png", dpi=120)
-    print("saved trace_overhead.png")
+    out = Path(__file__).resolve().parent / "results" / "trace_overhead.png"
+    fig.savefig(out, dpi=120)
+    print(f"saved {out}")
 
 
 if __name__ == "__main__":

@@ -24,8 +24,15 @@ from xla_dtensor.spmd import (  # noqa: E402
     visualize_tensor_sharding,
 )
 from xla_dtensor import _torch_hook  # noqa: E402
+from xla_dtensor import runtime  # noqa: E402  (fast paths and debuggability)
+from xla_dtensor.debug import analysis as _analysis  # noqa: E402
+from xla_dtensor.debug.hlo import get_hlo, get_stablehlo  # noqa: E402
+from xla_dtensor.debug.metrics_report import metrics_report, short_metrics_report  # noqa: E402
+from xla_dtensor.eager import eager_mode, is_eager  # noqa: E402
+from xla_dtensor.jit import compile  # noqa: E402,A004
 
-_torch_hook.install()
+_torch_hook.install()   # torch's DTensor API routes "xla" meshes to xla_dtensor.spmd
+_analysis.install()     # XLA_DTENSOR_DEBUG execution analysis and timings
 
 __version__ = "0.1.0"
 
@@ -35,4 +42,6 @@ __all__ = [
     "set_global_mesh", "shard_indices", "sync", "visualize_sharding", "wait",
     "XLAShardedTensor", "distribute_module", "distribute_tensor", "init_device_mesh", "mark_sharding",
     "spmd", "visualize_tensor_sharding",
+    "compile", "eager_mode", "get_hlo", "get_stablehlo", "is_eager", "metrics_report", "runtime",
+    "short_metrics_report",
 ]

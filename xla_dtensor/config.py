@@ -22,12 +22,18 @@ class Config:
         donate: donate the buffers of tensors overwritten in place at ``sync()``.
         check_lowerings: compare each lowering's output shape/dtype with torch's
             meta kernel once per argument signature.
+        compile_check_every: under ``xla_dtensor.compile``, re-trace every N-th
+            replay and compare the graph with the cached one (0: never).
+        recompile_warn_limit: warn when one call site has compiled more than this
+            many different programs.
     """
 
     cpu_fallback: bool = False
     cache_size: int = 256
     donate: bool = True
     check_lowerings: bool = True
+    compile_check_every: int = 100
+    recompile_warn_limit: int = 8
 
     def __setattr__(self, name: str, value: object) -> None:
         if name not in type(self).__dataclass_fields__:
@@ -35,6 +41,9 @@ class Config:
             raise AttributeError(f"unknown config option {name!r}; options are: {allowed}")
         if name == "cache_size" and (not isinstance(value, int) or value < 1):
             raise ValueError(f"cache_size must be a positive int, got {value!r}")
+        if name in ("compile_check_every", "recompile_warn_limit") and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         object.__setattr__(self, name, value)
 
 

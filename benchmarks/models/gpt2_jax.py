@@ -1,0 +1,95 @@
+"""The GPT-2 of ``gpt2.py`` written directly in JAX (same math, weights copied from torch).
+
+``params_from_torch(model)`` copies a torch ``GPT2``'s weights; ``loss_fn(params, idx,
+targets, cfg)`` is the same forward (tied embeddings, pre-LN blocks, tanh GELU, causal
+SDPA, mean cross-entropy); ``adamw_step`` is torch's AdamW update (decoupled weight
+decay, bias correction). ``make_train_step(cfg, lr, wd)`` returns a jitted
+``(params, state, idx, targets) -> (params, state, loss)`` with donated params/state.
+
+Example:
+    >>> import torch
+    >>> from benchmarks.models import GPT2, GPT2Config
+    >>> cfg = GPT2Config(vocab=64, n_positions=16, n_embd=32, n_layer=1, n_head=4)
+    >>> p = params_from_torch(GPT2(cfg))
+    >>> sorted(p)[:2]
+    ['h', 'ln_f']
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _np(t: Any) -> jnp.ndarray:
+    return jnp.asarray(t.detach().cpu().numpy())
+
+
+def params_from_torch(model: Any) -> dict:
+    """The torch model's weights as a JAX pytree (``lm_head`` tied to ``wte``)."""
+    def lin(m: Any) -> dict:
+        return {"w": _np(m.weight), "b": _np(m.bias)}
+
+    def ln(m: Any) -> dict:
+        return {"g": _np(m.weight), "b": _np(m.bias)}
+    blocks = [{"ln_1": ln(b.ln_1), "ln_2": ln(b.ln_2), "q": lin(b.attn.q_proj), "k": lin(b.attn.k_proj),
+               "v": lin(b.attn.v_proj), "o": lin(b.attn.c_proj), "fc": lin(b.mlp.c_fc),
+               "proj": lin(b.mlp.c_proj)} for b in model.h]
+    return {"wte": _np(model.wte.weight), "wpe": _np(model.wpe.weight), "h": blocks, "ln_f": ln(model.ln_f)}
+
+
+def _layer_norm(x: jnp.ndarray, p: dict) -> jnp.ndarray:
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / jnp.sqrt(var + 1e-5) * p["g"] + p["b"]
+
+
+def _linear(x: jnp.ndarray, p: dict) -> jnp.ndarray:
+    return x @ p["w"].T + p["b"]
+
+
+def _attention(x: jnp.ndarray, p: dict, n_head: int) -> jnp.ndarray:
+    b, t, c = x.shape
+    heads = lambda y: y.reshape(b, t, n_head, c // n_head).transpose(0, 2, 1, 3)  # noqa: E731
+    q, k, v = heads(_linear(x, p["q"])), heads(_linear(x, p["k"])), heads(_linear(x, p["v"]))
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(c // n_head)
+    s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
+    y = jax.nn.softmax(s, axis=-1) @ v
+    return _linear(y.transpose(0, 2, 1, 3).reshape(b, t, c), p["o"])
+
+
+def loss_fn(params: dict, idx: jnp.ndarray, targets: jnp.ndarray, n_head: int) -> jnp.ndarray:
+    """Mean cross-entropy of the model on ``idx`` -> ``targets``."""
+    t = idx.shape[1]
+    x = params["wte"][idx] + params["wpe"][jnp.arange(t)]
+    for blk in params["h"]:
+        x = x + _attention(_layer_norm(x, blk["ln_1"]), blk, n_head)
+        h = jax.nn.gelu(_linear(_layer_norm(x, blk["ln_2"]), blk["fc"]), approximate=True)
+        x = x + _linear(h, blk["proj"])
+    logits = _layer_norm(x, params["ln_f"]) @ params["wte"].T
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.take_along_axis(logp, targets[..., None], axis=-1).mean()
+
+
+def adamw_init(params: dict) -> dict:
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+    return {"m": zeros, "v": jax.tree_util.tree_map(jnp.zeros_like, params), "step": jnp.zeros((), jnp.float32)}
+
+
+def make_train_step(n_head: int, lr: float = 1e-3, wd: float = 0.01, b1: float = 0.9, b2: float = 0.999,
+                    eps: float = 1e-8) -> Any:
+    """A jitted AdamW train step, torch's update rule, params and state donated."""
+    def step(params: dict, state: dict, idx: jnp.ndarray, targets: jnp.ndarray) -> tuple:
+        loss, g = jax.value_and_grad(loss_fn)(params, idx, targets, n_head)
+        n = state["step"] + 1
+        m = jax.tree_util.tree_map(lambda m_, g_: b1 * m_ + (1 - b1) * g_, state["m"], g)
+        v = jax.tree_util.tree_map(lambda v_, g_: b2 * v_ + (1 - b2) * g_ * g_, state["v"], g)
+        bc1, bc2 = 1 - b1 ** n, 1 - b2 ** n
+
+        def upd(p: jnp.ndarray, m_: jnp.ndarray, v_: jnp.ndarray) -> jnp.ndarray:
+            p = p * (1 - lr * wd)
+            return p - lr / bc1 * m_ / (jnp.sqrt(v_) / jnp.sqrt(bc2) + eps)
+        return jax.tree_util.tree_map(upd, params, m, v), {"m": m, "v": v, "step": n}, loss
+    return jax.jit(step, donate_argnums=(0, 1))

@@ -1,0 +1,89 @@
+"""Eager mode and the torch.compile backend against torch CPU."""
+from __future__ import annotations
+
+import copy
+import importlib
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+import xla_dtensor
+from xla_dtensor import metrics
+
+from ._models import adamw, batches, cpu_losses, tiny_gpt2
+
+
+def test_eager_mode_gpt2_matches_cpu_and_runs_each_op(dev):
+    model, bs = tiny_gpt2(), batches(2, seed=5)
+    ref = cpu_losses(copy.deepcopy(model), bs)
+    m = copy.deepcopy(model).to(dev)
+    opt = adamw(m.parameters())
+    xla_dtensor.eager_mode(True)
+    try:
+        assert xla_dtensor.is_eager()
+        got = []
+        for x, y in bs:
+            before = metrics.snapshot()
+            loss = m(x.to(dev), y.to(dev))
+            assert loss._storage.value.fn is None  # already computed, no barrier needed
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            assert metrics.diff(before)["eager_ops"] > 50
+            got.append(loss.item())
+    finally:
+        xla_dtensor.eager_mode(False)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=0)
+
+
+def test_compile_inside_eager_mode_compiles_the_whole_function(dev):
+    xla_dtensor.eager_mode(True)
+    try:
+        f = xla_dtensor.compile(lambda a, b: (a @ b).relu().sum(0))
+        a, b = torch.randn(3, 4), torch.randn(4, 5)
+        before = metrics.snapshot()
+        out = f(a.to(dev), b.to(dev))
+        assert metrics.diff(before)["eager_ops"] == 0  # traced lazily, not op by op
+        torch.testing.assert_close(out.cpu(), (a @ b).relu().sum(0), rtol=1e-5, atol=1e-6)
+    finally:
+        xla_dtensor.eager_mode(False)
+
+
+def test_eager_mode_rejects_non_bool():
+    with pytest.raises(TypeError, match="expects a bool, got str"):
+        xla_dtensor.eager_mode("yes")
+
+
+def test_torch_compile_backend_gpt2_training_matches_cpu():
+    from xla_dtensor import dynamo_backend  # noqa: F401  (registers the backend in a source checkout)
+    torch._dynamo.reset()
+    model, bs = tiny_gpt2(), batches(3, seed=7)
+    ref = cpu_losses(copy.deepcopy(model), bs)
+    m = copy.deepcopy(model)
+    cm = torch.compile(m, backend="xla_dtensor")
+    before = metrics.snapshot()
+    got = cpu_losses(cm, bs, lambda p: adamw(m.parameters()))
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=0)
+    assert metrics.diff(before)["dynamo_graphs"] == 2  # forward and backward, lowered once
+
+
+def test_torch_compile_op_without_lowering_names_it():
+    from xla_dtensor import dynamo_backend
+    from xla_dtensor.ops.registry import get_lowering
+    op = torch.ops.aten.special_bessel_j0.default
+    assert get_lowering(op) is None
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: torch.special.bessel_j0(x) + 1, backend=dynamo_backend.xla_dtensor_backend)
+    with pytest.raises(Exception, match="special_bessel_j0"):
+        f(torch.ones(3))
+
+
+def test_entry_point_is_declared_and_resolves():
+    root = Path(__file__).resolve().parents[3]
+    eps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["entry-points"]["torch_dynamo_backends"]
+    module, _, attr = eps["xla_dtensor"].partition(":")
+    fn = getattr(importlib.import_module(module), attr)
+    from torch._dynamo.backends.registry import lookup_backend
+    assert lookup_backend("xla_dtensor") is fn

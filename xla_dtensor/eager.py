@@ -1,0 +1,94 @@
+"""Eager mode: every op executes at once, through the per-program executable cache.
+
+``eager_mode(True)`` makes each aten op on the ``jax`` device run as soon as it is
+recorded (its outputs and the tensors it writes are materialized; views stay views of
+materialized storage). The executables are cached by graph structure like any lazy
+program, so a repeated op with the same shapes compiles once. ``xla_dtensor.compile(fn)``
+still traces ``fn`` lazily and compiles it whole inside eager mode (torch_xla's
+eager-plus-compile workflow).
+
+Example:
+    >>> import torch, xla_dtensor
+    >>> xla_dtensor.eager_mode(True)
+    >>> y = torch.ones(2, device=xla_dtensor.device()) + 1   # runs now
+    >>> xla_dtensor.eager_mode(False)
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Iterator
+
+from xla_dtensor import metrics
+from xla_dtensor.core import dispatch as _dispatch_mod
+from xla_dtensor.core import executor
+from xla_dtensor.core.ir import data_leaf
+from xla_dtensor.core.signature import op_info
+from xla_dtensor.core.tensor import LazyTensor
+from xla_dtensor.debug import metrics_report as timing
+
+__all__ = ["eager_mode", "is_eager", "suspended"]
+
+_REAL = _dispatch_mod.dispatch
+_SUSPENDED = [0]
+metrics._COUNTS.setdefault("eager_ops", 0)
+
+
+def _collect(x: Any, out: dict) -> None:
+    if isinstance(x, LazyTensor):
+        s = x._storage
+        if s.value.fn is not None:
+            out[id(s)] = s
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            _collect(v, out)
+
+
+def _eager_dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
+    res = _REAL(op, args, kwargs)
+    if _SUSPENDED[0]:
+        return res
+    t0 = time.perf_counter()
+    todo: dict[int, Any] = {}
+    _collect(res, todo)
+    for pos, name in op_info(op).mutated:
+        _collect(args[pos] if pos is not None and pos < len(args) else kwargs.get(name), todo)
+    if todo:
+        storages = sorted(todo.values(), key=lambda s: s.seq)
+        arrays = executor.execute([s.value for s in storages])
+        for s, arr in zip(storages, arrays):
+            s.value = data_leaf(arr, s.meta[0], s.meta[1])
+            s.version += 1
+    metrics._COUNTS["eager_ops"] += 1
+    timing.record("eager_op", time.perf_counter() - t0)
+    return res
+
+
+def eager_mode(enable: bool) -> None:
+    """Run every op at once (``True``) or record lazily until a barrier (``False``, the default).
+
+    Pending lazy work is synced when eager mode is turned on.
+
+    Example:
+        >>> eager_mode(False)
+    """
+    if not isinstance(enable, bool):
+        raise TypeError(f"eager_mode expects a bool, got {type(enable).__name__}: {enable!r}")
+    if enable:
+        executor.sync()
+    _dispatch_mod.dispatch = _eager_dispatch if enable else _REAL
+
+
+def is_eager() -> bool:
+    """Whether eager mode is on."""
+    return _dispatch_mod.dispatch is _eager_dispatch
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Record lazily inside this block even in eager mode (used by ``compile`` while tracing)."""
+    _SUSPENDED[0] += 1
+    try:
+        yield
+    finally:
+        _SUSPENDED[0] -= 1

@@ -1,0 +1,13 @@
+"""``xla_dtensor.compile``: trace a function once per input signature, replay it without Python.
+
+Example:
+    >>> import torch, xla_dtensor
+    >>> f = xla_dtensor.compile(lambda x: x * 2 + 1)
+    >>> f(torch.ones(2, device=xla_dtensor.device())).tolist()
+    [3.0, 3.0]
+"""
+from __future__ import annotations
+
+from xla_dtensor.jit.function import CompiledFunction, DataDependentWarning, GraphChangedWarning, compile
+
+__all__ = ["CompiledFunction", "DataDependentWarning", "GraphChangedWarning", "compile"]

@@ -1,0 +1,98 @@
+"""Arguments of a compiled function: flattening and the input signature.
+
+The signature of a call is a hashable tuple: every lazy tensor appears as its
+metadata (shape, dtype, stride) plus its view chain, a CPU tensor as (shape, dtype),
+an ``nn.Module`` by identity and training flag, an optimizer by identity, state size
+and scalar hyperparameters, and any other value by value (by identity if
+unhashable). Tensors, modules and optimizers are also collected, in order, into
+``flat``: the replay reads a call's inputs from there by position.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from xla_dtensor.core.tensor import LazyTensor
+
+_SCALARS = (int, float, bool, str, complex, type(None))
+
+
+def _hyper(opt: torch.optim.Optimizer) -> tuple:
+    return tuple(tuple((k, v) for k, v in g.items() if k != "params" and type(v) in _SCALARS + (tuple,))
+                 for g in opt.param_groups)
+
+
+def _sig(x: Any, flat: list) -> Any:
+    tp = type(x)
+    if tp in _SCALARS:
+        return (tp, x)
+    if isinstance(x, LazyTensor):
+        flat.append(x)
+        chain = x._chain
+        return ("T", x._meta, tuple([(id(s.entry), s.index) for s in chain]) if chain else ())
+    if isinstance(x, torch.Tensor):
+        flat.append(x)
+        return ("H", tuple(x.shape), x.dtype)
+    if tp is tuple or tp is list:
+        return (tp, tuple([_sig(v, flat) for v in x]))
+    if tp is dict:
+        return (dict, tuple([(k, _sig(v, flat)) for k, v in x.items()]))
+    if isinstance(x, torch.nn.Module):
+        flat.append(x)
+        return ("M", id(x), x.training)
+    if isinstance(x, torch.optim.Optimizer):
+        flat.append(x)
+        return ("O", id(x), len(x.state), _hyper(x))
+    try:
+        hash(x)
+    except TypeError:
+        return ("id", id(x))
+    return (tp, x)
+
+
+def signature(args: tuple, kwargs: dict, flat: list) -> tuple:
+    """The call's signature; appends its tensors, modules and optimizers to ``flat``.
+
+    Example:
+        >>> import torch
+        >>> flat = []
+        >>> signature((torch.zeros(2), 3), {}, flat)[1]
+        (<class 'int'>, 3)
+    """
+    key = tuple([_sig(a, flat) for a in args])
+    if kwargs:
+        key += tuple([(k, _sig(v, flat)) for k, v in kwargs.items()])
+    return key + (torch.is_grad_enabled(),)
+
+
+def describe_change(old: tuple, new: tuple) -> str:
+    """Which argument differs between two signatures, in words.
+
+    Example:
+        >>> describe_change(((int, 1), True), ((int, 2), True))
+        'argument 0: (int, 1) -> (int, 2)'
+    """
+    if len(old) != len(new):
+        return f"number of arguments {len(old) - 1} -> {len(new) - 1}"
+    for i, (a, b) in enumerate(zip(old, new)):
+        if a != b:
+            if i == len(old) - 1:
+                return f"torch.is_grad_enabled() {a} -> {b}"
+            return f"argument {i}: {_words(a)} -> {_words(b)}"
+    return "no argument changed"
+
+
+def _words(s: Any) -> str:
+    if isinstance(s, tuple) and s and s[0] == "T":
+        shape, dtype, _ = s[1]
+        return f"tensor {str(dtype).replace('torch.', '')}{list(shape)}" + (" (view)" if s[2] else "")
+    if isinstance(s, tuple) and s and s[0] == "H":
+        return f"CPU tensor {str(s[2]).replace('torch.', '')}{list(s[1])}"
+    if isinstance(s, tuple) and s and s[0] == "O":
+        return f"optimizer with {s[2]} state entries, hyperparameters {s[3]}"
+    if isinstance(s, tuple) and s and s[0] == "M":
+        return f"module (training={s[2]})"
+    if isinstance(s, tuple) and len(s) == 2 and isinstance(s[0], type):
+        return f"({s[0].__name__}, {s[1]!r})"
+    return repr(s)

@@ -1,0 +1,198 @@
+"""Capture: run a function lazily once and record it as a pure program.
+
+The program maps leaf arrays to (new values of mutated storages, new gradients,
+outputs). Each leaf gets a *source*, which says where a later call finds its value:
+
+* ``("arg", k)``: the storage of the call's ``k``-th flat tensor argument;
+* ``("cap", ref, hash)``: a storage that existed before the call (a parameter,
+  optimizer state), held by weak reference;
+* ``("key",)``: a fresh PRNG key, drawn from the device generator;
+* ``("host", k, dtype)``: a CPU tensor argument moved to the device inside ``fn``;
+* ``("const", value)``: anything else (Python scalars, tensors built inside ``fn``).
+
+NOTE: constants are exact only if ``fn`` has no data-dependent Python; a capture
+that read device values on the host (``host_reads``) is never replayed.
+"""
+from __future__ import annotations
+
+import gc
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+from xla_dtensor import metrics
+from xla_dtensor.core import executor
+from xla_dtensor.core import tensor as T
+from xla_dtensor.core.ir import DATA, PARAM, Node
+from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
+
+
+@dataclass
+class Capture:
+    """What one traced call did (see the module docstring)."""
+
+    roots: list[Node]
+    leaves: list[Node]
+    struct: tuple
+    fns: list
+    wiring: list
+    outs: list[int]
+    ops: list[str]
+    sources: list[tuple]
+    state: list[tuple]          # (source of the written storage, storage meta) per mutated storage
+    grads: list[tuple]          # (weakref to parameter, grad meta) per gradient created by fn
+    out_items: list[Any]        # per output leaf: ("t", meta) or ("py", value)
+    out_spec: Any
+    donate: tuple[int, ...]
+    escaped: int = 0            # new tensors kept alive outside the outputs (state created on this call)
+    host_reads: int = 0         # device values read on the host while tracing
+    shardings: list = field(default_factory=list)
+
+
+def _params(flat: list) -> list[torch.Tensor]:
+    seen: dict[int, torch.Tensor] = {}
+    for x in flat:
+        if isinstance(x, torch.nn.Module):
+            for p in x.parameters():
+                seen.setdefault(id(p), p)
+        elif isinstance(x, torch.optim.Optimizer):
+            for g in x.param_groups:
+                for p in g["params"]:
+                    seen.setdefault(id(p), p)
+    return [p for p in seen.values() if isinstance(p, LazyTensor)]
+
+
+def make_capturable(flat: list) -> None:
+    """Switch torch optimizers among the arguments to ``capturable=True``.
+
+    A non-capturable optimizer keeps its step counter on the host and folds it into
+    Python scalars, which a replay cannot see change; the capturable path keeps the
+    counter on the device, inside the program.
+    """
+    for x in flat:
+        if not isinstance(x, torch.optim.Optimizer):
+            continue
+        for g in x.param_groups:
+            if g.get("capturable") is False:
+                g["capturable"] = True
+                for p in g["params"]:
+                    st = x.state.get(p)
+                    step = st.get("step") if st else None
+                    if isinstance(step, torch.Tensor) and not isinstance(step, LazyTensor):
+                        st["step"] = step.to(p.device)
+
+
+def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, Any]:
+    """Run ``fn`` lazily and record it. Returns the capture and ``fn``'s own result."""
+    before = {id(s): (weakref.ref(s), s.value) for s in list(LIVE)}
+    start = next(T._SEQ)
+    params = _params(flat)
+    had_grad = {id(p) for p in params if p.grad is not None}
+    host0 = metrics._COUNTS["transfers_to_host"]
+    out = fn(*args, **kwargs)
+    host_reads = metrics._COUNTS["transfers_to_host"] - host0
+    out_leaves, out_spec = pytree.tree_flatten(out)
+    out_storages = {id(t._storage) for t in out_leaves if isinstance(t, LazyTensor)}
+
+    grads: list[tuple] = []
+    grad_storages: dict[int, Storage] = {}
+    for p in params:
+        g = p.grad
+        if g is not None and id(p) not in had_grad and isinstance(g, LazyTensor):
+            grads.append((weakref.ref(p), g._meta))  # NOTE: may be a view (a transposed mm result)
+            grad_storages[id(g._storage)] = g._storage
+    escaped = _escaped(start, out_storages, grad_storages)
+    if escaped:
+        gc.collect()
+        escaped = _escaped(start, out_storages, grad_storages)
+
+    arg_of = {id(t._storage): k for k, t in enumerate(flat) if isinstance(t, LazyTensor)}
+    state, roots, mutated = [], [], set()
+    for sid, (ref, old) in before.items():
+        s = ref()
+        if s is None or s.value is old:
+            continue
+        mutated.add(id(old))
+        src = ("arg", arg_of[sid]) if sid in arg_of else ("cap", ref)
+        state.append((src, s.meta))
+        roots.append(s.value)
+    for ref, _ in grads:
+        roots.append(value_of(ref().grad))
+    out_items = []
+    for t in out_leaves:
+        if isinstance(t, LazyTensor):
+            out_items.append(("t", t._meta))
+            roots.append(value_of(t))
+        else:
+            out_items.append(("py", t))
+
+    struct, leaves, fns, wiring, outs = executor._plan(roots)
+    order_ops = [str(n.op) for n in _order(roots)]
+    sources = _sources(leaves, before, arg_of, flat, start)
+    owners: dict[int, int] = {}
+    for ref, old in before.values():
+        if ref() is not None:
+            owners[id(old)] = owners.get(id(old), 0) + 1
+    n_mut = {}
+    for sid, (ref, old) in before.items():
+        s = ref()
+        if s is not None and s.value is not old:
+            n_mut[id(old)] = n_mut.get(id(old), 0) + 1
+    donate = tuple(i for i, n in enumerate(leaves)
+                   if sources[i][0] in ("arg", "cap") and n_mut.get(id(n), 0) == owners.get(id(n), -1))
+    cap = Capture(roots, leaves, struct, fns, wiring, outs, order_ops, sources, state, grads, out_items,
+                  out_spec, donate, escaped, host_reads)
+    cap.shardings = [None if n.fn is None else n.sharding for n in _order(roots)]
+    return cap, out
+
+
+def _order(roots: list[Node]) -> list[Node]:
+    from xla_dtensor.core.ir import topo_order
+    return topo_order(roots)
+
+
+def _escaped(start: int, out_storages: set[int], grad_storages: dict[int, Storage]) -> int:
+    n = 0
+    for s in list(LIVE):
+        if s.seq > start and id(s) not in out_storages and id(s) not in grad_storages:
+            n += 1
+    return n
+
+
+def _sources(leaves: list[Node], before: dict, arg_of: dict, flat: list, start: int) -> list[tuple]:
+    owner = {}
+    for sid, (ref, old) in before.items():
+        if ref() is not None:
+            owner.setdefault(id(old), (sid, ref))
+    hosts = [(k, t) for k, t in enumerate(flat) if isinstance(t, torch.Tensor) and not isinstance(t, LazyTensor)]
+    out = []
+    for n in leaves:
+        if n.op == PARAM:
+            out.append(("const", n.data))
+        elif n.op == DATA and n.key[2] == "key":
+            out.append(("key",))
+        elif id(n) in owner:
+            sid, ref = owner[id(n)]
+            out.append(("arg", arg_of[sid]) if sid in arg_of else ("cap", ref, n.hash))
+        else:
+            out.append(_host_source(n, hosts))
+    return out
+
+
+def _host_source(n: Node, hosts: list) -> tuple:
+    data = n.data
+    shape = tuple(getattr(data, "shape", ()))
+    for k, t in hosts:
+        if tuple(t.shape) == shape and shape and np.array_equal(np.asarray(data), _host_array(t, n.key[2])):
+            return ("host", k, n.key[2])
+    return ("const", data)
+
+
+def _host_array(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    c = t.detach().to(dtype)
+    return c.float().numpy() if dtype == torch.bfloat16 else c.numpy()
+

@@ -1,0 +1,227 @@
+"""``xla_dtensor.compile(fn)``: trace once per input signature, then replay the executable.
+
+Assumptions (documented in docs/fastpaths.md): ``fn``'s graph is a function of its
+signature only, i.e. no Python control flow on tensor values and no hidden Python
+state feeding the graph. Violations detected: host reads of device values while
+tracing (the function then runs lazily every call, with a warning) and, every
+``config.compile_check_every`` replays, a re-trace whose graph or constants differ
+from the cached ones (a :class:`GraphChangedWarning` naming the first differing op;
+that signature is then traced on every call).
+"""
+from __future__ import annotations
+
+import functools
+import time
+import warnings
+from typing import Any, Callable
+
+import jax
+
+from xla_dtensor import metrics
+from xla_dtensor.jit import replay
+from xla_dtensor.jit.args import describe_change, signature
+from xla_dtensor.jit.capture import capture, make_capturable
+from xla_dtensor.config import config
+from xla_dtensor.core import executor
+from xla_dtensor.core.tensor import LazyTensor
+from xla_dtensor.debug import analysis
+from xla_dtensor.debug import metrics_report as timing
+
+for _name in ("compile_traces", "compile_replays", "compile_rechecks", "compile_lazy_calls"):
+    metrics._COUNTS.setdefault(_name, 0)
+
+
+class GraphChangedWarning(UserWarning):
+    """A compiled function recorded a different graph for the same input signature."""
+
+
+class DataDependentWarning(UserWarning):
+    """A compiled function read device values on the host while tracing."""
+
+
+_CLEAN = [(-1, -1)]
+
+
+def _pending() -> bool:
+    c = metrics._COUNTS
+    return (c["ops_recorded"], c["hash_cons_hits"]) != _CLEAN[0]
+
+
+def _mark_clean() -> None:
+    c = metrics._COUNTS
+    _CLEAN[0] = (c["ops_recorded"], c["hash_cons_hits"])
+
+
+class CompiledFunction:
+    """The callable returned by :func:`compile`."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self._fn = fn
+        self._entries: dict[tuple, replay.Entry] = {}
+        self._lazy: set[tuple] = set()
+        self._last_sig: tuple | None = None
+        self._name = getattr(fn, "__qualname__", repr(fn))
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        flat: list = []
+        sig = signature(args, kwargs, flat)
+        e = self._entries.get(sig)
+        if e is not None and not e.always_trace:
+            e.calls += 1
+            every = config.compile_check_every
+            if not every or e.calls % every:
+                t0 = time.perf_counter()
+                if _pending():
+                    executor.sync()
+                inputs = e.gather(flat)
+                if type(inputs) is list:
+                    out = e.apply(e.compiled(*inputs), flat)
+                    c = metrics._COUNTS
+                    c["compile_replays"] += 1
+                    c["executions"] += 1
+                    _CLEAN[0] = (c["ops_recorded"], c["hash_cons_hits"])
+                    timing.record("replay_host", time.perf_counter() - t0)
+                    if analysis.ENABLED[0]:
+                        analysis.event("execute", "compile call (replay)", hash(e.struct), e.n_in, e.n_out,
+                                       site=self._name)
+                    return out
+                reason = f"retrace: {inputs}"
+            else:
+                reason = "periodic re-check (config.compile_check_every)"
+        elif sig in self._lazy:
+            return self._run_lazily(args, kwargs)
+        elif e is None:
+            if self._last_sig is None:
+                reason = "first call"
+            elif sig == self._last_sig:
+                reason = "the previous call created new state tensors"
+            else:
+                reason = f"new input signature: {describe_change(self._last_sig, sig)}"
+        else:
+            reason = "graph changed earlier: traced on every call"
+        return self._trace(sig, flat, args, kwargs, reason, e)
+
+    def _run_lazily(self, args: tuple, kwargs: dict) -> Any:
+        metrics._COUNTS["compile_lazy_calls"] += 1
+        out = self._fn(*args, **kwargs)
+        executor.sync()
+        _mark_clean()
+        return out
+
+    def _trace(self, sig: tuple, flat: list, args: tuple, kwargs: dict, reason: str, old: replay.Entry | None) -> Any:
+        make_capturable(flat)
+        flat = []
+        sig = signature(args, kwargs, flat)
+        old = self._entries.get(sig, old)
+        from xla_dtensor.eager import suspended
+        executor.sync()
+        t0 = time.perf_counter()
+        with suspended():
+            cap, out = capture(self._fn, args, kwargs, flat)
+        timing.record("trace", time.perf_counter() - t0)
+        recheck = old is not None and reason.startswith("periodic")
+        metrics._COUNTS["compile_rechecks" if recheck else "compile_traces"] += 1
+        if cap.host_reads:
+            warnings.warn(DataDependentWarning(
+                f"compile({self._name}): the function read {cap.host_reads} device value(s) on the host while "
+                f"tracing (.item(), .cpu(), print, Python control flow on tensors); its graph may depend on data, "
+                f"so it runs lazily (traced) on every call with this signature"), stacklevel=3)
+            self._lazy.add(sig)
+            executor.sync()
+            _mark_clean()
+            return out
+        if cap.escaped:  # e.g. optimizer state created on this call: run it, trace again next time
+            analysis.event("trace", f"compile call ({reason}; {cap.escaped} new state tensor(s): not cached)",
+                           hash(cap.struct), len(cap.leaves), len(cap.roots), site=self._name, force=True)
+            executor.sync()
+            _mark_clean()
+            self._last_sig = sig
+            return out
+        del out
+        compiled, fresh = _executable(cap)
+        analysis.event("compile" if fresh else "trace", f"compile call ({reason})", hash(cap.struct),
+                       len(cap.leaves), len(cap.roots), site=self._name, force=True, count=fresh)
+        results = compiled(*replay.first_inputs(cap))
+        metrics._COUNTS["executions"] += 1
+        entry = replay.Entry(cap, compiled, list(results))
+        if old is not None:
+            entry.calls = old.calls
+            diff = replay.compare(old, cap)
+            if diff is not None:
+                entry.always_trace = True
+                warnings.warn(GraphChangedWarning(
+                    f"compile({self._name}): {diff}; earlier replays of this signature may have used a stale "
+                    f"graph. Remove data-dependent Python from the function; it is now traced on every call"),
+                    stacklevel=3)
+            elif old.always_trace:
+                entry.always_trace = True
+        self._entries[sig] = entry
+        self._last_sig = sig
+        res = entry.apply(results, flat)
+        _mark_clean()
+        return res
+
+    def clear(self) -> None:
+        """Forget every traced signature."""
+        self._entries.clear()
+        self._lazy.clear()
+        self._last_sig = None
+
+
+def _executable(cap: Any) -> tuple[Any, bool]:
+    baked = replay.baked_constants(cap)
+    dyn = [i for i in range(len(cap.leaves)) if i not in baked]
+    pos = {i: j for j, i in enumerate(dyn)}
+    donate = tuple(pos[i] for i in cap.donate)
+    key = (cap.struct, tuple(cap.outs), donate, tuple((i, type(v), v) for i, v in baked.items()))
+    cache = executor._CACHE
+    compiled = cache.get(key)
+    if compiled is not None:
+        cache.move_to_end(key)
+        metrics._COUNTS["cache_hits"] += 1
+        return compiled, False
+    run = executor._program(cap.fns, cap.wiring, cap.shardings, cap.outs)
+    n = len(cap.leaves)
+
+    def program(*values: Any) -> tuple:
+        full: list[Any] = [None] * n
+        for i, v in baked.items():
+            full[i] = v
+        for j, i in enumerate(dyn):
+            full[i] = values[j]
+        return run(*full)
+    t0 = time.perf_counter()
+    compiled = jax.jit(program, donate_argnums=donate).lower(*replay.first_inputs(cap)).compile()
+    timing.record("compile", time.perf_counter() - t0)
+    metrics._COUNTS["compiles"] += 1
+    cache[key] = compiled
+    while len(cache) > config.cache_size:
+        cache.popitem(last=False)
+    return compiled, True
+
+
+def compile(fn: Callable[..., Any] | None = None) -> Any:  # noqa: A001 - the public name
+    """Trace ``fn`` once per input signature and replay its executable afterwards.
+
+    Covers reads and in-place writes of module parameters, gradients and optimizer
+    state reached from the arguments. Outputs are new tensors (no autograd history).
+
+    Example:
+        >>> import torch, xla_dtensor
+        >>> @xla_dtensor.compile
+        ... def step(x, w):
+        ...     w.add_(x)
+        ...     return (w * 2).sum()
+        >>> w = torch.zeros(3, device=xla_dtensor.device())
+        >>> [step(torch.ones(3, device=xla_dtensor.device()), w).item() for _ in range(3)]
+        [6.0, 12.0, 18.0]
+    """
+    if fn is None:
+        return compile
+    if not callable(fn):
+        raise TypeError(f"compile() expects a callable, got {type(fn).__name__}: {fn!r}")
+    return CompiledFunction(fn)
+
+
+del LazyTensor

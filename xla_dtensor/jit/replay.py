@@ -1,0 +1,173 @@
+"""A cached program and how to feed it: gather a call's leaf arrays, run, rebind.
+
+A replay touches no aten op and no IR: it reads the current arrays of the recorded
+storages (checking each is still device data of the traced shape, dtype and
+sharding: its leaf hash), calls the compiled executable, rebinds the mutated
+storages to the results, sets newly created gradients, and wraps the outputs.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from torch.utils import _pytree as pytree
+
+from xla_dtensor import metrics
+from xla_dtensor.jit.capture import Capture, _host_array
+from xla_dtensor.core.ir import DATA, Node, data_leaf
+from xla_dtensor.core.tensor import new_tensor
+from xla_dtensor.random import next_key
+
+
+class Entry:
+    """One signature's program (see the module docstring)."""
+
+    __slots__ = ("compiled", "template", "arg_in", "cap_in", "key_in", "host_in", "grad_guard", "state_w",
+                 "grad_w", "out_w", "out_spec", "donate", "keep", "struct", "ops", "sources", "calls",
+                 "always_trace", "n_in", "n_out")
+
+    def __init__(self, cap: Capture, compiled: Any, results: list) -> None:
+        self.compiled, self.struct, self.ops, self.sources = compiled, cap.struct, cap.ops, cap.sources
+        self.calls, self.always_trace = 0, False
+        self.n_in, self.n_out = len(cap.leaves), len(results)
+        baked = baked_constants(cap)
+        pos = {i: j for j, i in enumerate(i for i in range(len(cap.leaves)) if i not in baked)}
+        self.template: list[Any] = [None] * len(pos)
+        self.arg_in, self.cap_in, self.key_in, self.host_in = [], [], [], []
+        for k, (src, n) in enumerate(zip(cap.sources, cap.leaves)):
+            if k in baked:
+                continue
+            i, kind = pos[k], src[0]
+            if kind == "arg":
+                self.arg_in.append((i, src[1], n.hash))
+            elif kind == "cap":
+                self.cap_in.append((i, src[1], src[2]))
+            elif kind == "key":
+                self.key_in.append(i)
+            elif kind == "host":
+                self.host_in.append((i, src[1], src[2]))
+            else:
+                self.template[i] = src[1]
+        self.donate = tuple(pos[i] for i in cap.donate)
+        dset = set(cap.donate)
+        self.keep = [pos[i] for i, src in enumerate(cap.sources) if src[0] in ("arg", "cap") and i not in dset]
+        metas = [m for _, m in cap.state] + [m for _, m in cap.grads] + [it[1] for it in cap.out_items if it[0] == "t"]
+        keys = []
+        for arr, meta in zip(results, metas):
+            leaf = data_leaf(arr, meta[0], meta[1])
+            keys.append((leaf.key, leaf.hash))
+        ns = len(cap.state)
+        self.state_w = [(src, *keys[j]) for j, (src, _) in enumerate(cap.state)]
+        self.grad_w = [(ref, meta, *keys[ns + j]) for j, (ref, meta) in enumerate(cap.grads)]
+        self.grad_guard = [ref for ref, _ in cap.grads]
+        j = ns + len(cap.grads)
+        self.out_w = []
+        for it in cap.out_items:
+            if it[0] == "t":
+                self.out_w.append(("t", it[1], *keys[j]))
+                j += 1
+            else:
+                self.out_w.append(it)
+        self.out_spec = cap.out_spec
+
+    def gather(self, flat: list) -> list | str:
+        """The inputs of this call, or the reason they do not fit the program."""
+        inputs = self.template.copy()
+        for i, k, h in self.arg_in:
+            v = flat[k]._storage.value
+            if v.hash != h:
+                return f"tensor argument #{k} is not device data of the traced shape/dtype/sharding"
+            inputs[i] = v.data
+        for i, ref, h in self.cap_in:
+            s = ref()
+            if s is None:
+                return f"captured tensor (program input {i}) was freed"
+            v = s.value
+            if v.hash != h:
+                return (f"captured tensor (program input {i}, shape {list(s.meta[0])}) changed shape, dtype "
+                        f"or sharding, or holds pending ops")
+            inputs[i] = v.data
+        for i in self.key_in:
+            inputs[i] = next_key()
+        for i, k, dtype in self.host_in:
+            inputs[i] = jax.device_put(_host_array(flat[k], dtype))
+            metrics._COUNTS["transfers_to_device"] += 1
+        for ref in self.grad_guard:
+            p = ref()
+            if p is None or p.grad is not None:
+                return "a parameter that had no gradient when traced has one now (zero_grad(set_to_none=False)?)"
+        if self.donate:
+            ids = {id(inputs[i]) for i in self.donate}
+            if len(ids) < len(self.donate) or any(id(inputs[i]) in ids for i in self.keep):
+                return "a donated buffer is shared with another input"
+        return inputs
+
+    def apply(self, results: list, flat: list) -> Any:
+        """Rebind mutated storages, set new gradients, and build the outputs."""
+        j = 0
+        for src, key, h in self.state_w:
+            s = flat[src[1]]._storage if src[0] == "arg" else src[1]()
+            s.value = Node(DATA, key, (), h, None, results[j])
+            s.version += 1
+            j += 1
+        for ref, meta, key, h in self.grad_w:
+            ref().grad = new_tensor(meta, Node(DATA, key, (), h, None, results[j]))
+            j += 1
+        outs = []
+        for it in self.out_w:
+            if it[0] == "t":
+                outs.append(new_tensor(it[1], Node(DATA, it[2], (), it[3], None, results[j])))
+                j += 1
+            else:
+                outs.append(it[1])
+        return pytree.tree_unflatten(outs, self.out_spec)
+
+
+def baked_constants(cap: Capture) -> dict[int, Any]:
+    """Leaf index -> value of the Python-scalar constants, compiled into the program as literals.
+
+    NOTE: passing ~10^2 Python scalars (per-tensor optimizer coefficients) as arguments
+    costs milliseconds per call; as literals they cost nothing, and a changed value is a
+    new signature (optimizer hyperparameters) or caught by the periodic re-check.
+    """
+    return {i: src[1] for i, src in enumerate(cap.sources)
+            if src[0] == "const" and type(src[1]) in (int, float, bool, complex)}
+
+
+def first_inputs(cap: Capture) -> list:
+    """The program inputs of the traced call itself (the non-baked leaves' current arrays)."""
+    baked = baked_constants(cap)
+    return [n.data for i, n in enumerate(cap.leaves) if i not in baked]
+
+
+def compare(entry: Entry, cap: Capture) -> str | None:
+    """``None`` if ``cap`` recorded the same program with the same sources, else what differs."""
+    if entry.struct != cap.struct:
+        a, b = entry.struct, cap.struct
+        for i in range(min(len(a), len(b))):
+            if a[i] != b[i]:
+                was = entry.ops[i] if i < len(entry.ops) else "?"
+                now = cap.ops[i] if i < len(cap.ops) else "?"
+                return f"graph differs at node {i}: was {was}, now {now}"
+        return f"graph has {len(b)} nodes, was {len(a)} (first {min(len(a), len(b))} equal)"
+    for i, (s0, s1) in enumerate(zip(entry.sources, cap.sources)):
+        if s0[0] != s1[0]:
+            return f"program input {i} comes from {s1[0]!r}, was {s0[0]!r}"
+        if s0[0] == "cap" and s0[1]() is not s1[1]():
+            return f"program input {i} reads a different tensor than when traced"
+        if s0[0] in ("arg", "host") and s0[1] != s1[1]:
+            return f"program input {i} reads argument #{s1[1]}, was #{s0[1]}"
+        if s0[0] == "const" and not _same(s0[1], s1[1]):
+            return f"constant program input {i} was {_short(s0[1])}, now {_short(s1[1])} (data-dependent Python?)"
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    if hasattr(a, "shape") or hasattr(b, "shape"):
+        import numpy as np
+        return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+    return type(a) is type(b) and a == b
+
+
+def _short(v: Any) -> str:
+    return f"array{list(v.shape)}" if hasattr(v, "shape") and getattr(v, "ndim", 0) else repr(v)
