@@ -21,6 +21,8 @@ Example:
 from __future__ import annotations
 
 import os
+from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -36,6 +38,8 @@ from autoshard.plan import Decision, Plan
 from autoshard.solver import MemoryBudgetError, solve_problem
 
 _CACHE: dict[tuple, Plan] = {}
+# how solve() answered: "solves" (ran the solver), "memory_hits", "disk_hits"
+STATS: Counter[str] = Counter()
 _SLOW_LINKS = ("dcn", "infiniband")
 
 
@@ -49,7 +53,8 @@ def axis_kinds(mesh: Mesh | None, topo: Topology) -> tuple[str, ...]:
 
 def solve(graph: Graph, mesh: Mesh | None, topology: Topology | str = "tpu-v5e",
           memory_budget: float | None = None, time_limit: float = 60.0, *, verbose: bool = False,
-          cache: bool = True, cache_dir: str | os.PathLike | bool | None = None) -> Plan:
+          cache: bool = True, cache_dir: str | os.PathLike | bool | None = None,
+          pinned: Mapping[str, Any] | None = None) -> Plan:
     """Choose a sharding for every tensor of ``graph`` minimizing modelled step time.
 
     Args:
@@ -63,6 +68,8 @@ def solve(graph: Graph, mesh: Mesh | None, topology: Topology | str = "tpu-v5e",
         cache: reuse plans (in memory, and on disk per ``cache_dir``).
         cache_dir: plan cache directory (:mod:`autoshard.cache`); None: the default
             (``$XLA_DTENSOR_CACHE_DIR/plans`` or ``~/.cache/xla_dtensor/plans``); False: memory only.
+        pinned: placeholder name -> :data:`autoshard.spec.Spec` the plan must keep (user
+            hints); its alias group (gradient, optimizer state) follows.
 
     Raises:
         MemoryBudgetError: the budget is below the smallest feasible plan's peak; the
@@ -71,15 +78,19 @@ def solve(graph: Graph, mesh: Mesh | None, topology: Topology | str = "tpu-v5e",
     topo = topology_for(mesh, topology) if isinstance(topology, str) else topology
     if memory_budget is not None and not memory_budget > 0:
         raise ValueError(f"memory_budget must be a positive number of bytes or None, got {memory_budget!r}")
-    key = (graph.fingerprint(), None if mesh is None else hash(mesh), topo, memory_budget, time_limit)
+    pins = tuple(sorted((str(k), tuple(v)) for k, v in (pinned or {}).items()))
+    key = (graph.fingerprint(), None if mesh is None else hash(mesh), topo, memory_budget, time_limit, pins)
     if cache and key in _CACHE:
+        STATS["memory_hits"] += 1
         return _CACHE[key]
     disk = open_cache(cache_dir) if cache else None
-    disk_key = plan_key(graph, mesh, topo, memory_budget, time_limit) if disk is not None else ""
+    disk_key = plan_key(graph, mesh, topo, memory_budget, time_limit, pins) if disk is not None else ""
     if disk is not None and (hit := disk.get(disk_key)) is not None:
+        STATS["disk_hits"] += 1
         _CACHE[key] = hit
         return hit
-    model = build_model(graph, topo, memory_budget)
+    STATS["solves"] += 1
+    model = build_model(graph, topo, memory_budget, pinned=dict(pins))
     folded = fold_ties(model.problem, model.ties)
     baselines = run_baselines(model, folded, axis_kinds(mesh, topo))
     feasible = [b for b in baselines if b.feasible]

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import warnings
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from mesh import Topology
@@ -30,13 +31,17 @@ from mesh import Topology
 from autoshard.cost import compute_cost, memory_bytes, reshard_cost
 from autoshard.graph import Graph, Node
 from autoshard.problem import Problem
-from autoshard.spec import spec_str
+from autoshard.spec import Spec, spec_str
 from autoshard.strategies import DimRule, Strategy, enumerate_strategies, follow_strategies, rule_for
 from autoshard.tying import UnionFind, layer_ties
 
 
 class UnknownOpWarning(UserWarning):
     """An op has no strategy rule; it is planned as replicated (its inputs are gathered)."""
+
+
+class PinError(ValueError):
+    """A pinned placement names no placeholder of the graph or is not one of its strategies."""
 
 
 @dataclass
@@ -117,9 +122,37 @@ def node_strategies(graph: Graph, topo: Topology) -> tuple[list[DimRule], list[l
     return rules, strats, follows, unknown
 
 
+def _pin(graph: Graph, strats: list[list[Strategy]], costs: list[np.ndarray],
+         pinned: Mapping[str, Spec]) -> Graph:
+    """Forbid (inf cost) every other strategy of each pinned placeholder; the graph layer tying sees.
+
+    A pinned placeholder's name carries its pin in the returned graph, so layer tying
+    only ties it to layers pinned the same way (an unpinned twin layer stays free).
+    """
+    by_name = {n.name: n.id for n in graph.nodes if n.op == "placeholder"}
+    nodes = list(graph.nodes)
+    for name, spec in pinned.items():
+        v = by_name.get(name)
+        if v is None:
+            raise PinError(f"pinned tensor {name!r} is not a placeholder of the graph; placeholders: "
+                           f"{sorted(by_name)[:12]}{'...' if len(by_name) > 12 else ''}")
+        spec = tuple(spec)
+        allowed = [s.out_specs[0] for s in strats[v]]
+        if spec not in allowed:
+            raise PinError(f"pinned placement {spec_str(spec)} of {name!r} (shape {graph.nodes[v].out.shape}) "
+                           f"is not one of its strategies: {[spec_str(a) for a in allowed]}")
+        costs[v] = np.where([a == spec for a in allowed], costs[v], np.inf)
+        nodes[v] = replace(nodes[v], name=f"{nodes[v].name}|pin={spec_str(spec)}")
+    return replace(graph, nodes=nodes)
+
+
 def build_model(graph: Graph, topo: Topology, memory_limit: float | None = None, *,
-                tie_layers: bool = True) -> Model:
-    """Build the full (untied) :class:`Problem` for ``graph`` on ``topo`` and its tie groups."""
+                tie_layers: bool = True, pinned: Mapping[str, Spec] | None = None) -> Model:
+    """Build the full (untied) :class:`Problem` for ``graph`` on ``topo`` and its tie groups.
+
+    ``pinned[name] = spec`` fixes placeholder ``name`` (a parameter, optimizer state or
+    input) to ``spec``; its alias group follows. Raises :class:`PinError` on a bad pin.
+    """
     rules, strats, follows, unknown = node_strategies(graph, topo)
     sizes = topo.axis_sizes
     costs, mems = [], []
@@ -144,6 +177,7 @@ def build_model(graph: Graph, topo: Topology, memory_limit: float | None = None,
         strats.append([Strategy(spec_str(sp), (sp,), (sp,)) for sp in specs])
         costs.append(np.zeros(len(specs)))
         mems.append(np.zeros(len(specs)))
+    tie_graph = _pin(graph, strats, costs, pinned) if pinned else graph
     pair: dict[tuple[int, int], np.ndarray] = {}
 
     def add_edge(u: int, v: int, mat: np.ndarray) -> None:
@@ -171,7 +205,7 @@ def build_model(graph: Graph, topo: Topology, memory_limit: float | None = None,
                 uf.union(grp[0], v)
     untied_groups = len(uf.groups())
     if tie_layers:
-        layer_ties(graph, uf, [len(s) for s in strats])
+        layer_ties(tie_graph, uf, [len(s) for s in strats])
         by_key: dict[tuple, int] = {}
         for (u, idx), f in fan_of.items():
             key = (uf.find(u), idx, len(strats[f]), tuple(sorted({uf.find(v) for v, _ in consumers[(u, idx)]})))

@@ -55,10 +55,15 @@ def code_version() -> str:
     return h.hexdigest()[:16]
 
 
-def plan_key(graph: Any, mesh: Any, topology: Any, memory_budget: float | None, time_limit: float) -> str:
-    """A process-independent key (Python's ``hash`` of strings is salted per process, so no ``hash``)."""
+def plan_key(graph: Any, mesh: Any, topology: Any, memory_budget: float | None, time_limit: float,
+             pinned: tuple = ()) -> str:
+    """A process-independent key (Python's ``hash`` of strings is salted per process, so no ``hash``).
+
+    ``pinned``: sorted ``(name, spec)`` pairs of user-pinned placements (empty: no pins).
+    """
     mesh_key = None if mesh is None else (type(mesh).__name__, getattr(mesh, "_key", lambda: repr(mesh))())
-    text = repr((graph.fingerprint(), mesh_key, repr(topology), memory_budget, float(time_limit), code_version()))
+    parts = (graph.fingerprint(), mesh_key, repr(topology), memory_budget, float(time_limit), code_version())
+    text = repr(parts + (tuple(pinned),) if pinned else parts)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

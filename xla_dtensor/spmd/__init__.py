@@ -22,6 +22,7 @@ from xla_dtensor.spmd.annotate import (
     submesh,
 )
 from xla_dtensor.spmd.api import distribute_tensor, init_device_mesh
+from xla_dtensor.spmd.auto import AUTO, AutoPolicy, auto_stats, last_plan
 from xla_dtensor.spmd.errors import (
     AlreadyDistributedError,
     DependencyImportError,
@@ -37,7 +38,7 @@ from xla_dtensor.spmd.inspect import last_compiled_hlo, to_host, visualize_tenso
 install_hooks()
 
 __all__ = [
-    "AlreadyDistributedError", "DependencyImportError", "HybridMesh", "Mesh", "MeshDevicesError",
+    "AUTO", "AlreadyDistributedError", "AutoPolicy", "auto_stats", "last_plan", "DependencyImportError", "HybridMesh", "Mesh", "MeshDevicesError",
     "NotShardableError", "ShardingSpec", "XLAShard", "XLAShardedTensor", "as_mesh", "clear_sharding",
     "constrain_activation", "distribute_module", "distribute_tensor", "get_1d_mesh", "get_hlo",
     "get_spec", "init_device_mesh", "last_compiled_hlo", "mark_sharding",

@@ -46,13 +46,15 @@ def distribute_module(module: nn.Module, device_mesh: Any = None,
         partition_fn: ``fn(name, submodule, device_mesh)`` that distributes the submodule's
             parameters (``distribute_tensor`` + ``register_parameter``); a 2-argument
             ``fn(name, submodule)`` is accepted with a ``DeprecationWarning``. ``None``
-            replicates everything. ``"AUTO"``: the auto-sharder (not wired yet).
+            replicates everything. ``"AUTO"`` or an :class:`~xla_dtensor.spmd.auto.AutoPolicy`:
+            the auto-sharder chooses every parameter's layout at the first training step's
+            ``sync()`` (see :mod:`xla_dtensor.spmd.auto`).
         input_fn: ``fn(module, inputs, device_mesh)`` run before ``forward``.
         output_fn: ``fn(module, outputs, device_mesh)`` run after ``forward``.
 
     Raises:
         AlreadyDistributedError: the module was distributed before.
-        NotImplementedError: ``partition_fn="AUTO"`` (until the auto-sharder lands).
+        MeshDevicesError: the mesh names devices JAX does not have (the module is untouched).
 
     Example:
         >>> from torch import nn
@@ -70,10 +72,11 @@ def distribute_module(module: nn.Module, device_mesh: Any = None,
     if isinstance(partition_fn, str):
         if partition_fn != AUTO:
             raise ValueError(f"partition_fn must be a callable, None or 'AUTO', got {partition_fn!r}")
-        raise NotImplementedError(
-            "partition_fn='AUTO' asks the auto-sharder (autoshard: IR -> ILP plan -> annotations) "
-            "to choose every layout; it is wired in its own issue and not available in this "
-            "build. Pass a partition_fn, or None to replicate")
+        from xla_dtensor.spmd.auto import AUTO as partition_fn
+    from xla_dtensor.spmd.auto import AutoPolicy, prepare_module
+    if isinstance(partition_fn, AutoPolicy):
+        prepare_module(module, m, partition_fn)
+        partition_fn = None
     if partition_fn is not None:
         call = _partition_caller(partition_fn)
         for name, sub in list(module.named_modules()):

@@ -16,16 +16,36 @@ _log = logging.getLogger("xla_dtensor.spmd")
 _SPMD = {"on": True}
 
 
-def use_spmd(auto: bool = False) -> None:
-    """Switch SPMD on (torch_xla compatibility). Here every program is SPMD over all JAX
-    devices already, so this only checks the argument.
+def use_spmd(auto: bool = False, *, mesh: Any = None, **options: Any) -> None:
+    """Switch SPMD on (torch_xla compatibility); ``auto=True`` also switches on the AUTO policy.
+
+    Every program is SPMD over all JAX devices already. With ``auto=True`` every
+    optimizer that steps parameters on the jax device not yet planned is auto-sharded
+    at the first ``sync()`` of its training step (parameters named ``param{i}`` in
+    optimizer order; see :mod:`xla_dtensor.spmd.auto`). ``use_spmd(auto=False)`` turns
+    that off for optimizers not seen yet.
+
+    Args:
+        auto: use the auto-sharder.
+        mesh: the mesh to plan on (``Mesh``, torch ``DeviceMesh("xla", ...)``); default:
+            the global mesh, else all devices on one axis ``"data"``.
+        **options: :class:`xla_dtensor.spmd.auto.AutoPolicy` fields (``memory_budget``,
+            ``time_limit``, ``topology``, ``keep_user_sharding``, ``cache_dir``).
 
     Example:
         >>> use_spmd()
     """
-    if auto:
-        raise NotImplementedError("use_spmd(auto=True) is the auto-sharder's switch; use "
-                                  "distribute_module(..., partition_fn='AUTO') once it lands")
+    from xla_dtensor.spmd import auto as _auto
+    if not auto:
+        if options or mesh is not None:
+            raise TypeError(f"use_spmd options {sorted(options) + (['mesh'] if mesh is not None else [])} "
+                            f"only apply with auto=True")
+        _auto.disable_global()
+    else:
+        from mesh import get_global_mesh
+        from xla_dtensor.spmd.annotate import as_mesh
+        m = as_mesh(mesh) if mesh is not None else (get_global_mesh() or get_1d_mesh("data"))
+        _auto.enable_global(as_mesh(m), _auto.AutoPolicy(**options))
     _SPMD["on"] = True
 
 
