@@ -34,6 +34,7 @@ from benchmarks._cases import MODELS, ModelCase, real_topologies, virtual_meshes
 from benchmarks._measure import measure
 from benchmarks._strategies import MANUAL, auto_specs, build, manual_specs, modelled, step_flops
 from mesh import topology_for
+from xla_dtensor.spmd import AutoPolicy
 
 RESULTS = Path(__file__).parent / "results"
 SOLVE_LIMIT = 60.0
@@ -82,7 +83,9 @@ def run_case(case: ModelCase, graph, where: str, mesh_obj, topo, devices: int, m
                    modelled_peak_mib=peak / 2**20, budget_mib=budget / 2**20, fits=bool(ok),
                    solve_s=solve_s if strat == "auto" else None, status=plan.status if strat == "auto" else "")
         if measure_it:
-            row.update(measure(case, mesh_obj, specs, args.steps, args.reps, seen, f"{where}/{strat}"))
+            policy = AutoPolicy(memory_budget=budget, time_limit=SOLVE_LIMIT, topology=topo, cache_dir=False)
+            row.update(measure(case, mesh_obj, None if strat == "auto" else specs, args.steps, args.reps, seen,
+                               f"{where}/{strat}", policy))
         rows.append(row)
         _report.progress(row)
     return rows
