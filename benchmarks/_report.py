@@ -168,9 +168,25 @@ def splice(text: str, block: str) -> str:
     return pattern.sub(lambda _: f"{START}\n{block.strip()}\n{END}", text, count=1)
 
 
+def op_coverage_line(path: Path) -> str:
+    """The Core ATen row of ``benchmarks/results/op_coverage.md`` as one sentence ('' if absent)."""
+    if not path.exists():
+        return ""
+    text = path.read_text()
+    m = re.search(r"Core ATen[^|]*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*([\d.]+%)\s*\|\s*(\d+)\s*\|\s*([\d.]+%)", text)
+    if m is None:
+        return ""
+    total, supported, _, match, pct = m.groups()
+    return (f"Op coverage: {match} of {total} Core ATen overloads hit by torch's OpInfo samples match torch CPU "
+            f"({pct}; {supported} lowered), from [benchmarks/results/op_coverage.md]"
+            f"(benchmarks/results/op_coverage.md).")
+
+
 def update_readme(summary: Path, readme: Path) -> None:
-    """Splice the generated summary table into the README."""
+    """Splice the generated summary table (and the op-coverage figure) into the README."""
     if not summary.exists():
         raise FileNotFoundError(f"{summary} does not exist; run the full benchmark first")
-    readme.write_text(splice(readme.read_text(), summary.read_text()))
+    block = summary.read_text().strip()
+    ops = op_coverage_line(summary.parent / "op_coverage.md")
+    readme.write_text(splice(readme.read_text(), block + ("\n\n" + ops if ops else "")))
     print(f"updated {readme} from {summary}")
