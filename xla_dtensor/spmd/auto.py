@@ -27,11 +27,11 @@ Example:
     >>> lin = xs.distribute_module(torch.nn.Linear(8, 8), xs.Mesh(range(8), (8,), ("d",)),
     ...                            partition_fn=xs.AutoPolicy(time_limit=5))
     >>> opt = torch.optim.SGD(lin.parameters(), lr=0.1)
-    >>> lin(torch.ones(16, 8, device=xla_dtensor.device())).sum().backward()
+    >>> lin(torch.ones(16, 8).to(xla_dtensor.device())).sum().backward()
     >>> opt.step()
     >>> xla_dtensor.sync()
-    >>> sorted(xs.last_plan().placements)[:2], lin._auto_plan is xs.last_plan()
-    (['bias', 'input:0'], True)
+    >>> sorted(xs.last_plan().placements), lin._auto_plan is xs.last_plan()
+    (['bias', 'input:0', 'weight'], True)
 """
 from __future__ import annotations
 
@@ -111,11 +111,12 @@ class _Scope:
     mesh: Mesh
     policy: AutoPolicy
     hints: dict[str, ShardingSpec]
-    owner: Any = None                       # weakref to the module (None: optimizer scope)
+    owner: Any = None                       # weakref to the module (or the optimizer, use_spmd(auto=True))
     inputs: list[LazyTensor] = field(default_factory=list)
     optimizers: list[weakref.ref] = field(default_factory=list)
     plan: Any = None
     warned_no_grads: bool = False
+    is_module: bool = False
 
 
 _WAITING: list[_Scope] = []
@@ -161,17 +162,24 @@ def prepare_module(module: nn.Module, m: Mesh, policy: AutoPolicy) -> None:
                     A._STICKY.pop(t._storage, None)  # NOTE: the plan decides; replicated until then
                 new = done[id(p)] = nn.Parameter(t, requires_grad=p.requires_grad)
             sub._parameters[key] = new
-    scope = _Scope(module.named_parameters, m, policy, hints, owner=weakref.ref(module))
+    owner = weakref.ref(module)  # NOTE: no strong reference: a dropped module drops its scope
+    scope = _Scope(lambda: owner().named_parameters() if owner() is not None else iter(()), m, policy, hints,
+                   owner=owner, is_module=True)
     module.register_forward_pre_hook(_forward_hook(scope))
     _register(scope)
 
 
 def prepare_optimizer(optimizer: torch.optim.Optimizer, m: Mesh, policy: AutoPolicy) -> None:
     """Register an optimizer's (lazy) parameters for AUTO, named ``param{i}`` (``use_spmd(auto=True)``)."""
-    params = [p for grp in optimizer.param_groups for p in grp["params"]]
-    named = lambda: ((f"param{i}", p) for i, p in enumerate(params))  # noqa: E731
-    scope = _Scope(named, m, policy, _hints(named(), m))
-    scope.optimizers.append(weakref.ref(optimizer))
+    ref = weakref.ref(optimizer)
+
+    def named() -> Iterator[tuple[str, torch.Tensor]]:
+        opt = ref()
+        params = [p for grp in opt.param_groups for p in grp["params"]] if opt is not None else []
+        return ((f"param{i}", p) for i, p in enumerate(params))
+
+    scope = _Scope(named, m, policy, _hints(named(), m), owner=ref)
+    scope.optimizers.append(ref)
     _register(scope)
 
 
@@ -235,8 +243,8 @@ def _on_optimizer_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any)
 
 
 def _owned(ids: set[int]) -> bool:
-    scopes = _WAITING + [s for s in _DONE if s.owner is None or s.owner() is not None]
-    return any(id(p) in ids for s in scopes for _, p in s.named_params())
+    _DONE[:] = [s for s in _DONE if s.owner() is not None]
+    return any(id(p) in ids for s in _WAITING + _DONE for _, p in s.named_params())
 
 
 _DONE: list[_Scope] = []
@@ -278,7 +286,7 @@ def _pre_sync(pending: list[Storage]) -> None:
         return
     pend = set(pending)
     for scope in list(_WAITING):
-        if scope.owner is not None and scope.owner() is None:
+        if scope.owner() is None:
             _WAITING.remove(scope)
             continue
         params = list(scope.named_params())
@@ -292,8 +300,8 @@ def _plan_scope(scope: _Scope, params: list[tuple[str, torch.Tensor]], pending: 
     opt = next((r() for r in reversed(scope.optimizers) if r() is not None), None)
     holder = _Holder(params)
     pstore, state = step_roles(holder, opt)
-    inputs = {t._storage: f"input:{i}" for i, t in enumerate(scope.inputs)} if scope.owner is not None else None
-    name = type(scope.owner()).__name__ if scope.owner is not None else "step"
+    inputs = {t._storage: f"input:{i}" for i, t in enumerate(scope.inputs)} if scope.is_module else None
+    name = type(scope.owner()).__name__ if scope.is_module else "step"
     graph = graph_from_ir(pending, params=pstore, opt_state=state, inputs=inputs, name=name)
     if not graph.grads:
         if not scope.warned_no_grads:
@@ -351,7 +359,7 @@ def _apply(scope: _Scope, plan: Any, params: list[tuple[str, torch.Tensor]], opt
     scope.plan, scope.inputs = plan, []
     _DONE.append(scope)
     _LAST["plan"] = plan
-    if scope.owner is not None:
+    if scope.is_module and scope.owner() is not None:
         scope.owner()._auto_plan = plan
     sharded = sum(1 for n, _ in params if any(p != "R" for p in plan.placements.get(n, ())))
     _log.info("AUTO plan for %s: %d of %d parameters sharded, solve %.2f s", plan.stats.get("graph_nodes"),

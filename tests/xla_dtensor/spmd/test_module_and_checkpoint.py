@@ -55,9 +55,12 @@ def test_partition_fn_none_replicates_and_two_arg_warns():
         distribute_module(_mlp(), DeviceMesh("xla", list(range(8))), lambda name, m: None)
 
 
-def test_partition_fn_auto_is_explained():
-    with pytest.raises(NotImplementedError, match="auto-sharder"):
-        xla_dtensor.distribute_module(_mlp(), DeviceMesh("xla", list(range(8))), "AUTO")
+def test_partition_fn_auto_defers_layouts_to_the_plan():
+    """AUTO moves parameters to the devices unannotated; tests/xla_dtensor/auto/test_auto_policy.py plans them."""
+    mod = xla_dtensor.distribute_module(_mlp(), DeviceMesh("xla", list(range(8))), "AUTO")
+    assert all(isinstance(p, xs.XLAShardedTensor) and xs.annotate.sticky_spec(p) is None for p in mod.parameters())
+    with pytest.raises(ValueError, match="'auto'"):
+        xla_dtensor.distribute_module(_mlp(), DeviceMesh("xla", list(range(8))), "auto")
 
 
 def test_checkpoint_round_trip_is_exact_and_writes_shards(tmp_path):
