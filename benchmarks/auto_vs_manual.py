@@ -1,0 +1,146 @@
+"""Benchmark: AUTO sharding vs manual strategies (DP, FSDP, Megatron TP, 2D, DCN-DP x ICI-FSDP/TP).
+
+For every model (GPT-2 x2 sizes, Llama, wide MLP, ViT) and strategy it reports:
+
+* on the 8 virtual CPU devices (meshes 1x8, 2x4, 4x2, 2 granules x 4): the measured
+  steady-state step (median after warm-up) of the compiled executable, and of the whole
+  lazy step (trace + run); bytes per collective kind read from the partitioned HLO;
+  peak bytes per device from the executable's memory analysis;
+* the modelled step time (autoshard's cost model, on the ``cpu`` preset for the virtual
+  meshes, and on 8x H100, TPU v5e 4x4 and 2 slices of v5e-16 over DCN) and MFU;
+* AUTO's solve time.
+
+Writes ``benchmarks/results/auto_vs_manual.md`` (all rows), ``auto_vs_manual_summary.md``
+(AUTO against the best manual strategy per case, spliced into README.md by
+``--update-readme``) and ``auto_vs_manual_*.png``.
+
+    PYTHONPATH=. python benchmarks/auto_vs_manual.py [--quick] [--update-readme]
+"""
+from __future__ import annotations
+
+import mesh  # noqa: F401  (virtual devices before JAX)
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from autoshard.api import axis_kinds, solve
+from autoshard.fx_builder import trace_training_step
+from benchmarks import _report
+from benchmarks._cases import MODELS, ModelCase, real_topologies, virtual_meshes
+from benchmarks._measure import measure
+from benchmarks._strategies import MANUAL, auto_specs, build, manual_specs, modelled, step_flops
+from mesh import topology_for
+from xla_dtensor.spmd import AutoPolicy
+
+RESULTS = Path(__file__).parent / "results"
+SOLVE_LIMIT = 60.0
+
+
+def _trace(case: ModelCase, batch_size: int):
+    import torch
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return trace_training_step(case.make(), case.batch(batch_size), name=case.name)
+
+
+def _solve(graph, mesh_or_none, topo, budget):
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = solve(graph, mesh_or_none, topo, memory_budget=budget, time_limit=SOLVE_LIMIT, cache=False)
+    return plan, time.perf_counter() - t0
+
+
+def _strategies(graph, plan, topo, kinds, case: ModelCase) -> dict[str, dict]:
+    out = {"auto": auto_specs(plan)}
+    for name in MANUAL:
+        specs = manual_specs(graph, name, tuple(topo.axis_sizes), kinds, case.tp)
+        if specs is not None:
+            out[name] = specs
+    return out
+
+
+def run_case(case: ModelCase, graph, where: str, mesh_obj, topo, devices: int, measure_it: bool,
+             args: argparse.Namespace, seen: dict) -> list[dict]:
+    """All strategies of one (model, mesh/topology) case."""
+    budget = float(topo.device.memory_bytes)
+    kinds = axis_kinds(mesh_obj, topo)
+    plan, solve_s = _solve(graph, mesh_obj, topo, budget)
+    model = build(graph, topo, budget)
+    flops = step_flops(model)
+    rows = []
+    for strat, specs in _strategies(graph, plan, topo, kinds, case).items():
+        cost, peak, ok = (plan.objective, plan.memory["peak"], plan.memory["peak"] <= budget) if strat == "auto" \
+            else modelled(model, specs)
+        row = dict(model=case.name, where=where, topology=topo.name, devices=devices, strategy=strat,
+                   modelled_ms=cost * 1e3, mfu=flops / (cost * topo.device.peak_flops * devices),
+                   modelled_peak_mib=peak / 2**20, budget_mib=budget / 2**20, fits=bool(ok),
+                   solve_s=solve_s if strat == "auto" else None, status=plan.status if strat == "auto" else "")
+        if measure_it:
+            policy = AutoPolicy(memory_budget=budget, time_limit=SOLVE_LIMIT, topology=topo, cache_dir=False)
+            row.update(measure(case, mesh_obj, None if strat == "auto" else specs, args.steps, args.reps, seen,
+                               f"{where}/{strat}", policy))
+        rows.append(row)
+        _report.progress(row)
+    return rows
+
+
+def run(models: list[ModelCase], mesh_names: list[str], topo_names: list[str], args) -> list[dict]:
+    rows: list[dict] = []
+    meshes, reals = virtual_meshes(), real_topologies()
+    for case in models:
+        seen: dict = {}
+        graph = _trace(case, case.batch_size)
+        for name in mesh_names:
+            m = meshes[name]
+            rows += run_case(case, graph, name, m, topology_for(m, "cpu"), 8, True, args, seen)
+        for name in topo_names:
+            topo, n = reals[name]
+            g = graph if n * case.per_device == case.batch_size else _trace(case, n * case.per_device)
+            rows += run_case(case, g, name, None, topo, n, False, args, seen)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one model, mesh 2x4 and one real topology (smoke)")
+    ap.add_argument("--update-readme", action="store_true",
+                    help="only splice results/auto_vs_manual_summary.md into README.md and exit")
+    ap.add_argument("--steps", type=int, default=5, help="timed lazy steps after warm-up")
+    ap.add_argument("--reps", type=int, default=7, help="timed calls of the compiled step")
+    ap.add_argument("--models", nargs="*", default=None, help=f"subset of {[c.name for c in MODELS]}")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    if args.update_readme:
+        _report.update_readme(args.out / "auto_vs_manual_summary.md", Path(__file__).parent.parent / "README.md")
+        return 0
+    models = [c for c in MODELS if args.models is None or c.name in args.models]
+    mesh_names, topo_names = list(virtual_meshes()), list(real_topologies())
+    if args.quick:
+        models, mesh_names, topo_names = models[:1], ["2x4"], topo_names[:1]
+        args.steps, args.reps = min(args.steps, 3), min(args.reps, 3)
+    t0 = time.perf_counter()
+    rows = run(models, mesh_names, topo_names, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    suffix = "_quick" if args.quick else ""
+    (args.out / f"auto_vs_manual{suffix}.json").write_text(json.dumps(rows, indent=1, default=str))
+    full, summary = _report.full_table(rows), _report.summary_table(rows)
+    head = f"Generated by `python benchmarks/auto_vs_manual.py{' --quick' if args.quick else ''}` " \
+           f"in {time.perf_counter() - t0:.0f} s.\n\n"
+    (args.out / f"auto_vs_manual{suffix}.md").write_text(head + summary + "\n\n## All rows\n\n" + full + "\n")
+    if not args.quick:
+        (args.out / "auto_vs_manual_summary.md").write_text(summary + "\n")
+    _report.plots(rows, args.out, suffix)
+    print(summary)
+    print(f"\nwrote {args.out}/auto_vs_manual{suffix}.md and plots in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
