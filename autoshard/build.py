@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from mesh import Topology
 
-from autoshard.cost import compute_cost, memory_bytes, reshard_cost
+from autoshard.cost import combined_collectives, compute_cost, memory_bytes, reshard_cost
 from autoshard.graph import Graph, Node
 from autoshard.problem import Problem
 from autoshard.spec import Spec, spec_str
@@ -179,19 +179,23 @@ def build_model(graph: Graph, topo: Topology, memory_limit: float | None = None,
         mems.append(np.zeros(len(specs)))
     tie_graph = _pin(graph, strats, costs, pinned) if pinned else graph
     pair: dict[tuple[int, int], np.ndarray] = {}
+    grads, combined = set(graph.grads.values()), combined_collectives(topo)
+
+    def link_model(ref: tuple[int, int]) -> Topology:
+        return combined if ref in grads else topo
 
     def add_edge(u: int, v: int, mat: np.ndarray) -> None:
         pair[(u, v)] = pair[(u, v)] + mat if (u, v) in pair else mat
 
     for (u, idx), f in fan_of.items():
         add_edge(u, f, _edge_matrix([s.out_specs[idx] for s in strats[u]], [s.in_specs[0] for s in strats[f]],
-                                    graph.nodes[u].outputs[idx], topo))
+                                    graph.nodes[u].outputs[idx], link_model((u, idx))))
     for node in graph.nodes:
         v = node.id
         for i, (u, idx) in enumerate(node.inputs):
             src, j = (fan_of[(u, idx)], 0) if (u, idx) in fan_of else (u, idx)
             add_edge(src, v, _edge_matrix([s.out_specs[j] for s in strats[src]], [s.in_specs[i] for s in strats[v]],
-                                          graph.nodes[u].outputs[idx], topo))
+                                          graph.nodes[u].outputs[idx], link_model((u, idx))))
     names = [n.name for n in graph.nodes] + [f"reshard({graph.nodes[u].name}:{idx})" for u, idx in fanouts]
     intervals = graph.liveness() + [(0, 0)] * len(fanouts)
     problem = Problem(graph.name, costs, mems, intervals, list(pair), list(pair.values()), memory_limit, names)

@@ -6,7 +6,11 @@
   ``S -> R`` all-gather; ``S(d) -> S(e)`` all-to-all; ``P -> R`` all-reduce;
   ``P -> S`` reduce-scatter. Bytes are the tensor's size divided by the splits on
   the other mesh axes;
-* memory: bytes of a node's local output shards (``P`` holds the full size).
+* memory: bytes of a node's local output shards (``P`` holds the full size);
+* gradients: XLA's collective combiners merge the step's gradient reductions into a
+  few large collectives, so resharding a gradient is charged its bandwidth term only
+  (:func:`combined_collectives`); paying one latency per parameter would overprice
+  data parallelism, most on latency-bound links.
 
 Example:
     >>> from mesh import Mesh, topology_for
@@ -20,11 +24,18 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from mesh import Topology
+from dataclasses import replace
+
+from mesh import Link, Topology
 
 from autoshard.graph import TensorMeta
 from autoshard.spec import Spec, is_shard, shard_count
 from autoshard.strategies.base import Strategy
+
+
+def combined_collectives(topo: Topology) -> Topology:
+    """``topo`` with zero latency: the link model of collectives XLA combines into one."""
+    return replace(topo, links=tuple(Link(link.kind, 0.0, link.beta) for link in topo.links))
 
 
 def reshard_cost(src: Spec, dst: Spec, meta: TensorMeta, topo: Topology) -> float:

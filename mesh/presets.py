@@ -47,12 +47,13 @@ PRESETS: dict[str, SystemPreset] = {
     "h100": SystemPreset(
         DeviceSpec("H100 SXM", 989e12, 3.35e12, 80e9),
         Link.from_bandwidth("nvlink", 5e-6, 450), Link.from_bandwidth("infiniband", 1e-5, 50)),
-    # Virtual CPU devices of one host sharing its cores: order-of-magnitude figures
-    # (a few GFLOP/s per virtual device, memcpy-speed "links"), for planning tests
-    # locally; not a calibrated model of any machine.
+    # 8 virtual CPU devices sharing the 2 cores of the development machine, measured by
+    # benchmarks/calibrate_cpu.py (results/calibrate_cpu.md): all-reduce fit alpha 0.30 ms,
+    # 1.8 GB/s; 27 GFLOP/s matmul and 1-2 GB/s memory per device with all 8 busy.
+    # Collectives between virtual devices are latency-bound: plans favour few of them.
     "cpu": SystemPreset(
-        DeviceSpec("virtual CPU", 5e9, 5e9, 3 * GiB),
-        Link.from_bandwidth("host", 1e-5, 5), Link.from_bandwidth("host", 1e-5, 5)),
+        DeviceSpec("virtual CPU", 25e9, 1.5e9, 3 * GiB),
+        Link.from_bandwidth("host", 3e-4, 1.8), Link.from_bandwidth("host", 3e-4, 1.8)),
 }
 
 
