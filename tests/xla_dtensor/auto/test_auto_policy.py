@@ -329,3 +329,29 @@ def test_pinned_solve_equals_brute_force_over_plans_keeping_the_pin():
         autoshard.solve(g, m, topo, cache=False, pinned={"w9": ("R", "R")})
     with pytest.raises(autoshard.PinError, match=r"S\(5\)R"):
         autoshard.solve(g, m, topo, cache=False, pinned={"w1": (("S", 5), "R")})
+
+
+def _local_shape(shape, spec, mesh_shape):
+    out = list(shape)
+    for a, p in enumerate(spec):
+        if isinstance(p, tuple) and p[0] == "S":
+            out[p[1]] //= mesh_shape[a]
+    return tuple(out)
+
+
+def test_plan_activation_layouts_are_constrained_every_step(run):
+    """The plan's matmul output layouts are applied at every step (no recompiles, see above) and the
+    partitioned program computes each matmul output with the plan's local shape."""
+    from xla_dtensor.spmd import auto as A
+
+    plan, model = run["plan"], run["model"]
+    scope = next(s for s in A._TABLES if s.owner() is model)
+    assert scope.table is not None and scope.table.entries
+    assert scope.table.applied == len(scope.table.entries)  # the last (10th) step found every entry
+    shapes = {(int(s[0]), int(s[1])) for s in re.findall(r"f32\[(\d+),(\d+)\]", run["hlo"])}
+    mm = [(n, spec) for n, spec in plan.activations.items()
+          if n.split("#")[0] in ("aten.mm.default", "aten.addmm.default") and "P" not in spec]
+    assert mm
+    for name, spec in mm:
+        want = _local_shape(plan.shapes[name], spec, plan.mesh_shape)
+        assert want in shapes, (name, spec, plan.shapes[name], want)
