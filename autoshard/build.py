@@ -78,6 +78,15 @@ def _allocates(node: Node, rule: DimRule) -> bool:
     return not (rule.follower and rule.linear and rule.flops == 0.0)  # views alias their input
 
 
+def _elementwise(op: str) -> bool:
+    """Whether ``op`` is an elementwise (or optimizer foreach) op, which XLA fuses."""
+    from autoshard.strategies.elementwise import LINEAR, NONLINEAR
+    from autoshard.strategies.optimizer import FOREACH, SINGLE
+
+    parts = op.split(".")
+    return any(".".join(parts[:k]) in (*LINEAR, *NONLINEAR, *FOREACH, *SINGLE) for k in (2, 3))
+
+
 def _replicated_rule(node: Node, graph: Graph) -> DimRule:
     ins = tuple(tuple(None for _ in node.input_meta(graph, i).shape) for i in range(len(node.inputs)))
     return DimRule(ins, tuple(tuple(None for _ in o.shape) for o in node.outputs), flops=float(node.outputs[0].numel))
@@ -161,7 +170,8 @@ def build_model(graph: Graph, topo: Topology, memory_limit: float | None = None,
         if node.role == "input":  # feeding the batch: each device loads its shard
             costs.append(np.array([topo.compute_time(0.0, memory_bytes(s.out_specs, node.outputs, sizes)) for s in ss]))
         else:
-            costs.append(np.array([compute_cost(s, rule.flops, in_metas, node.outputs, topo) for s in ss]))
+            fused = _elementwise(node.op)  # XLA fuses it into its neighbours
+            costs.append(np.array([compute_cost(s, rule.flops, in_metas, node.outputs, topo, fused) for s in ss]))
         alloc = _allocates(node, rule)
         mems.append(np.array([memory_bytes(s.out_specs, node.outputs, sizes) if alloc else 0.0 for s in ss]))
     consumers: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)

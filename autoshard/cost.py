@@ -6,6 +6,9 @@
   ``S -> R`` all-gather; ``S(d) -> S(e)`` all-to-all; ``P -> R`` all-reduce;
   ``P -> S`` reduce-scatter. Bytes are the tensor's size divided by the splits on
   the other mesh axes;
+* elementwise followers are fused by XLA into their neighbours: they are charged
+  their flops only, not an unfused pass over memory (which would over-reward sharding
+  the optimizer update and activations on bandwidth-poor presets);
 * memory: bytes of a node's local output shards (``P`` holds the full size);
 * gradients: XLA's collective combiners merge the step's gradient reductions into a
   few large collectives, so resharding a gradient is charged its bandwidth term only
@@ -67,10 +70,16 @@ def _reshard(src: Spec, dst: Spec, nbytes: int, topo: Topology) -> float:
 
 
 def compute_cost(strategy: Strategy, flops: float, in_metas: tuple[TensorMeta, ...],
-                 out_metas: tuple[TensorMeta, ...], topo: Topology) -> float:
-    """Roofline seconds of one device's share of the op under ``strategy``."""
+                 out_metas: tuple[TensorMeta, ...], topo: Topology, fused: bool = False) -> float:
+    """Roofline seconds of one device's share of the op under ``strategy``.
+
+    ``fused``: the op is fused into its neighbours (XLA fuses elementwise chains), so it
+    moves no memory of its own and costs only its flops.
+    """
     if flops == 0.0:
         return 0.0
+    if fused:
+        return topo.compute_time(flops / strategy.split, 0.0)
     sizes = topo.axis_sizes
     nbytes = sum(m.nbytes / shard_count(s, sizes) for m, s in zip(in_metas, strategy.in_specs))
     nbytes += sum(m.nbytes / shard_count(s, sizes) for m, s in zip(out_metas, strategy.out_specs))

@@ -137,7 +137,7 @@ def show_comparison(console: Console, size: DemoSize, m: Mesh, auto_times: list[
     if dp_ms is not None and auto_ms > 1.1 * dp_ms:
         console.print(f"[yellow]Measured here, AUTO is {auto_ms / dp_ms:.1f}x slower than data parallel: the "
                       f"{plan.topology!r} preset's link model is far cheaper than collectives between virtual "
-                      "devices on a few shared cores, and activations are left to XLA's propagation. The modelled "
+                      "devices on a few shared cores (and the lazy step's tracing is not modelled). The modelled "
                       "figures are for that preset, not for this host.")
     console.print(f"modelled on the {plan.topology!r} preset the plan was solved for; measured = median lazy step "
                   "(trace + run) after warm-up on 8 virtual CPU devices sharing this host's cores. "

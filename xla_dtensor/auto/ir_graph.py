@@ -38,7 +38,7 @@ from xla_dtensor.core.ir import DATA, GETITEM, PARAM, Node
 from xla_dtensor.core.signature import op_info
 from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
 
-__all__ = ["graph_from_ir", "pending_storages", "step_roles"]
+__all__ = ["graph_from_ir", "graph_from_ir_with_nodes", "pending_storages", "step_roles"]
 
 # ops that create a fresh tensor; as the base of an in-place chain they become a placeholder
 _FRESH = ("aten.zeros_like", "aten.empty_like", "aten.ones_like", "aten.full_like", "aten.zeros",
@@ -96,6 +96,17 @@ def graph_from_ir(storages: Sequence[Storage] | None = None, *, params: Mapping[
     return _Builder(storages, params, opt_state or {}, inputs, grads, name).build()
 
 
+def graph_from_ir_with_nodes(storages: Sequence[Storage] | None = None, *, params: Mapping[Any, str],
+                             opt_state: Mapping[Any, tuple[str, str] | str] | None = None,
+                             inputs: Mapping[Any, str] | None = None, name: str = "graph") -> tuple[Graph, dict[int, Node]]:
+    """:func:`graph_from_ir` and, per single-output op node of the graph, the IR node it was built from.
+
+    Plans are read back onto the IR through this map (the AUTO policy's activation constraints).
+    """
+    b = _Builder(storages, params, opt_state or {}, inputs, None, name)
+    return b.build(), b.ir_of
+
+
 def _storage(x: Any) -> Storage:
     if isinstance(x, Storage):
         return x
@@ -150,6 +161,7 @@ class _Builder:
         self.redirect: dict[tuple[int, int], Ref] = {}   # (id(consumer), input index) -> placeholder
         self.group_of: dict[int, int] = {}
         self.groups: list[list[int]] = []
+        self.ir_of: dict[int, Node] = {}          # graph node id -> the IR node (single-output ops)
 
     # -- placeholders ---------------------------------------------------------------------------
     def _placeholders(self) -> list[Node]:
@@ -240,7 +252,9 @@ class _Builder:
             src, shape = self._ref(n, 0), tuple(n.key[3])
             op, args = ("aten._to_copy.default", (None,)) if tuple(n.key[1]) == shape else \
                 ("aten.expand.default", (None, shape))
-            self.env[id(n)] = (self.g.add(op, (src,), (_meta((shape, n.key[4])),), args), 0)
+            nid = self.g.add(op, (src,), (_meta((shape, n.key[4])),), args)
+            self.env[id(n)] = (nid, 0)
+            self.ir_of[nid] = n
         elif n.op == "view_scatter":
             old = self._ref(n, 0)
             nid = self.g.add("view_scatter", (old, self._ref(n, 1)), (_meta(A.out_metas(n)[0]),))
@@ -256,6 +270,8 @@ class _Builder:
         metas = tuple(_meta(m) for m in A.out_metas(n))
         nid = self.g.add(str(n.op), tuple(r for _, r in ins), metas, A.plain_args(n))
         self.env[id(n)] = (nid, 0) if len(metas) == 1 else nid
+        if len(metas) == 1:
+            self.ir_of[nid] = n
         if op_info(n.op).mutated:
             n_ret = A.entry(n).n_ret
             for j, t in enumerate(A.targets(n)):

@@ -18,8 +18,11 @@ recorded: at the first ``sync()`` whose pending graph updates the module's param
 
 User hints (parameters annotated before, by ``mark_sharding`` or ``distribute_tensor``
 with ``Shard`` placements) are pinned in the plan unless ``keep_user_sharding=False``.
-Activations are not constrained: XLA propagates their layouts from the annotated
-parameters and inputs.
+The outputs of the plan's decision ops (matmuls, embeddings, attention, reductions...)
+are constrained to the plan's layouts at this sync and at every later training step
+(:class:`xla_dtensor.auto.activations.ActivationTable`), so XLA runs the layouts the
+plan costed instead of propagating its own (``constrain_activations=False``: leave
+them to XLA's propagation).
 
 Example:
     >>> import torch, xla_dtensor
@@ -67,6 +70,8 @@ class AutoPolicy:
         keep_user_sharding: pin parameters annotated before ``distribute_module``.
         cache_dir: the plan cache directory (None: ``$XLA_DTENSOR_CACHE_DIR/plans``;
             False: memory only).
+        constrain_activations: constrain decision ops' outputs to the plan's layouts
+            every step (False: only parameters, optimizer state and inputs).
 
     Calling it like a ``partition_fn`` raises: it is a marker for ``distribute_module``.
     """
@@ -76,6 +81,7 @@ class AutoPolicy:
     topology: Topology | str | None = None
     keep_user_sharding: bool = True
     cache_dir: Any = None
+    constrain_activations: bool = True
 
     def __post_init__(self) -> None:
         if self.memory_budget is not None and not self.memory_budget > 0:
@@ -117,6 +123,7 @@ class _Scope:
     plan: Any = None
     warned_no_grads: bool = False
     is_module: bool = False
+    table: Any = None                       # ActivationTable of the plan's activation layouts
 
 
 _WAITING: list[_Scope] = []
@@ -282,9 +289,10 @@ def _constrain_input(scope: _Scope, name: str, x: Any) -> Any:
 
 # -- the sync hook: plan and annotate ----------------------------------------------------
 def _pre_sync(pending: list[Storage]) -> None:
-    if not _WAITING:
+    if not _WAITING and not _TABLES:
         return
     pend = set(pending)
+    _constrain_activations(pending, pend)
     for scope in list(_WAITING):
         if scope.owner() is None:
             _WAITING.remove(scope)
@@ -294,15 +302,47 @@ def _pre_sync(pending: list[Storage]) -> None:
             _plan_scope(scope, params, pending)
 
 
+_TABLES: list[_Scope] = []  # planned scopes with activation constraints to re-apply
+
+
+def _constrain_activations(pending: list[Storage], pend: set[Storage]) -> None:
+    """Re-apply each planned scope's activation layouts to a sync that trains its parameters."""
+    _TABLES[:] = [s for s in _TABLES if s.owner() is not None]
+    roots = None
+    for scope in _TABLES:
+        if any(isinstance(p, LazyTensor) and p._storage in pend for _, p in scope.named_params()):
+            roots = roots if roots is not None else [s.value for s in pending]
+            scope.table.apply(roots)
+
+
+def _activation_shardings(scope: _Scope, plan: Any, graph: Any, ir_of: dict[int, Any]) -> dict[int, Any]:
+    """``id(IR node) -> NamedSharding`` for the plan's (non-Partial, evenly divisible) activation layouts."""
+    from xla_dtensor.spmd import layout as L
+
+    out: dict[int, Any] = {}
+    for nid, n in ir_of.items():
+        gnode = graph.nodes[nid]
+        spec = plan.activations.get(gnode.name)
+        if spec is None or "P" in spec or gnode.out.ndim == 0:
+            continue
+        sspec = _from_autoshard(scope.mesh, spec, gnode.out.ndim)
+        if L.is_even(sspec, gnode.out.shape):
+            out[id(n)] = L.named(sspec)
+    return out
+
+
 def _plan_scope(scope: _Scope, params: list[tuple[str, torch.Tensor]], pending: list[Storage]) -> None:
-    from xla_dtensor.auto import graph_from_ir, step_roles
+    from xla_dtensor.auto import step_roles
+    from xla_dtensor.auto.activations import ActivationTable
+    from xla_dtensor.auto.ir_graph import graph_from_ir_with_nodes
+    from xla_dtensor.core.ir import topo_order
 
     opt = next((r() for r in reversed(scope.optimizers) if r() is not None), None)
     holder = _Holder(params)
     pstore, state = step_roles(holder, opt)
     inputs = {t._storage: f"input:{i}" for i, t in enumerate(scope.inputs)} if scope.is_module else None
     name = type(scope.owner()).__name__ if scope.is_module else "step"
-    graph = graph_from_ir(pending, params=pstore, opt_state=state, inputs=inputs, name=name)
+    graph, ir_of = graph_from_ir_with_nodes(pending, params=pstore, opt_state=state, inputs=inputs, name=name)
     if not graph.grads:
         if not scope.warned_no_grads:
             scope.warned_no_grads = True
@@ -331,6 +371,11 @@ def _plan_scope(scope: _Scope, params: list[tuple[str, torch.Tensor]], pending: 
     if unknown:
         warnings.warn(f"AUTO ({name}): no sharding strategy rule for ops {unknown}; they are planned replicated "
                       f"(their inputs are gathered)", autoshard.UnknownOpWarning, stacklevel=4)
+    if scope.policy.constrain_activations:
+        order = topo_order([s.value for s in pending])  # NOTE: before _apply wraps parameter values
+        scope.table = ActivationTable.from_nodes(order, _activation_shardings(scope, plan, graph, ir_of))
+        scope.table.apply([s.value for s in pending])
+        _TABLES.append(scope)
     _apply(scope, plan, params, opt)
 
 

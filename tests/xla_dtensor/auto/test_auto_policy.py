@@ -28,6 +28,7 @@ from xla_dtensor.sharding import HloSharding, ShardingSpec
 STEPS = 10
 CFG = GPT2Config(vocab=128, n_positions=16, n_embd=64, n_layer=2, n_head=4)
 GRID = [[0, 1, 2, 3], [4, 5, 6, 7]]
+BUDGET = 1_000_000  # bytes per device: below the replicated peak, so the plan must shard parameters
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..")
 
 
@@ -73,7 +74,8 @@ def run(dev):
     ref, _ = _train(copy.deepcopy(model), batches)
     auto = copy.deepcopy(model)
     solves0 = xs.auto_stats()["solves"]
-    torch_distribute_module(auto, _mesh(), partition_fn=xs.AutoPolicy(topology="tpu-v5e", time_limit=30))
+    torch_distribute_module(auto, _mesh(), partition_fn=xs.AutoPolicy(topology="tpu-v5e", time_limit=30,
+                                                                       memory_budget=BUDGET))
     record: list = []
     got, opt = _train(auto, batches, dev, record)
     return dict(model=auto, opt=opt, ref=ref, got=got, record=record, solves0=solves0,
@@ -126,6 +128,11 @@ def test_compiled_program_parameters_carry_the_plan(run):
             continue
         local = tuple(n // c for n, c in zip(t.shape, spec.shard_counts))
         expected[(local, "f32", spec.to_hlo())] += 1
+    for name in (n for n in plan.placements if n.startswith("input:")):  # the batch, constrained by the plan
+        shape = plan.shapes[name]
+        spec = ShardingSpec.from_partition_spec(m, plan.partition_spec(name), ndim=len(shape))
+        if not spec.is_replicated:
+            expected[(tuple(n // c for n, c in zip(shape, spec.shard_counts)), "s64", spec.to_hlo())] += 1
     got = collections.Counter(e for e in _entry_params(run["hlo"]) if e[2].is_tiled)
     assert expected and got == expected
 
@@ -151,7 +158,7 @@ def test_fresh_process_reads_the_plan_from_disk(run):
         torch.manual_seed(0)
         model = GPT2(GPT2Config(vocab=128, n_positions=16, n_embd=64, n_layer=2, n_head=4))
         xs.distribute_module(model, DeviceMesh("xla", {GRID}, mesh_dim_names=("data", "model")),
-                             partition_fn=xs.AutoPolicy(topology="tpu-v5e", time_limit=30))
+                             partition_fn=xs.AutoPolicy(topology="tpu-v5e", time_limit=30, memory_budget={BUDGET}))
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         g = torch.Generator().manual_seed(1)
         idx, tgt = (torch.randint(0, 128, (8, 16), generator=g).to(xla_dtensor.device()) for _ in range(2))
@@ -329,3 +336,29 @@ def test_pinned_solve_equals_brute_force_over_plans_keeping_the_pin():
         autoshard.solve(g, m, topo, cache=False, pinned={"w9": ("R", "R")})
     with pytest.raises(autoshard.PinError, match=r"S\(5\)R"):
         autoshard.solve(g, m, topo, cache=False, pinned={"w1": (("S", 5), "R")})
+
+
+def _local_shape(shape, spec, mesh_shape):
+    out = list(shape)
+    for a, p in enumerate(spec):
+        if isinstance(p, tuple) and p[0] == "S":
+            out[p[1]] //= mesh_shape[a]
+    return tuple(out)
+
+
+def test_plan_activation_layouts_are_constrained_every_step(run):
+    """The plan's matmul output layouts are applied at every step (no recompiles, see above) and the
+    partitioned program computes each matmul output with the plan's local shape."""
+    from xla_dtensor.spmd import auto as A
+
+    plan, model = run["plan"], run["model"]
+    scope = next(s for s in A._TABLES if s.owner() is model)
+    assert scope.table is not None and scope.table.entries
+    assert scope.table.applied == len(scope.table.entries)  # the last (10th) step found every entry
+    shapes = {(int(s[0]), int(s[1])) for s in re.findall(r"f32\[(\d+),(\d+)\]", run["hlo"])}
+    mm = [(n, spec) for n, spec in plan.activations.items()
+          if n.split("#")[0] in ("aten.mm.default", "aten.addmm.default") and "P" not in spec]
+    assert mm
+    for name, spec in mm:
+        want = _local_shape(plan.shapes[name], spec, plan.mesh_shape)
+        assert want in shapes, (name, spec, plan.shapes[name], want)
