@@ -17,7 +17,8 @@ real model with ``mark_sharding`` (:func:`apply_specs`), so the modelled and the
 runs compare the same layouts.
 
 Example:
-    >>> axis_rules("2d", ("dcn", "ici"))
+    >>> from autoshard.baselines import baseline_axes
+    >>> baseline_axes("2d", ("dcn", "ici"), ("dcn", "ici"))
     ('dp', 'tp')
 """
 from __future__ import annotations
@@ -27,14 +28,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from autoshard.baselines import complete
+from autoshard.baselines import BASELINES, baseline_axes, complete
 from autoshard.build import Model, build_model
 from autoshard.evaluate import evaluate
 from autoshard.fold import fold_ties
 from autoshard.graph import Graph
 from autoshard.spec import Spec, partition_spec
 
-MANUAL = ("data_parallel", "fsdp", "megatron_tp", "2d", "dcn_dp_ici_tp", "dcn_dp_ici_fsdp")
+MANUAL = BASELINES
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,24 +60,6 @@ class TPPlan:
         return "col" if ndim in (1, 2) else "rep"
 
 
-def axis_rules(strategy: str, kinds: tuple[str, ...]) -> tuple[str, ...] | None:
-    """Per mesh axis ``dp``/``fsdp``/``tp`` for a manual strategy; None where it does not apply."""
-    n, dcn = len(kinds), tuple(k == "dcn" for k in kinds)
-    if strategy == "data_parallel":
-        return ("dp",) * n
-    if strategy == "fsdp":
-        return ("fsdp",) * n
-    if strategy == "megatron_tp":
-        return ("tp",) * n
-    if strategy == "2d":
-        return ("dp",) * (n - 1) + ("tp",) if n >= 2 else None
-    if strategy in ("dcn_dp_ici_tp", "dcn_dp_ici_fsdp"):
-        if not any(dcn) or all(dcn):
-            return None
-        return tuple("dp" if d else strategy.rsplit("_", 1)[1] for d in dcn)
-    raise ValueError(f"unknown strategy {strategy!r}; allowed: {list(MANUAL)}")
-
-
 def _dim(rule: str, role: str, name: str, shape: tuple[int, ...], tp: TPPlan) -> int | None:
     """Tensor dim split along one mesh axis with ``rule`` (None: replicated)."""
     if not shape:
@@ -94,7 +77,7 @@ def _dim(rule: str, role: str, name: str, shape: tuple[int, ...], tp: TPPlan) ->
 def manual_specs(graph: Graph, strategy: str, axis_sizes: tuple[int, ...], kinds: tuple[str, ...],
                  tp: TPPlan) -> dict[str, Spec] | None:
     """Spec of every placeholder of ``graph`` under a manual strategy (None if it does not apply)."""
-    rules = axis_rules(strategy, kinds)
+    rules = baseline_axes(strategy, tuple(f"axis{i}" for i in range(len(kinds))), kinds)
     if rules is None:
         return None
     out: dict[str, Spec] = {}
