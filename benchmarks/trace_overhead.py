@@ -89,26 +89,36 @@ def _train_step(model, opt, x, y):  # noqa: ANN001, ANN202
     return loss
 
 
-def _time_mode(step, reps: int, warm: int = 3) -> tuple[float, float]:  # noqa: ANN001
-    """(median host ms until ``step()`` returns, ms per step of ``reps`` back-to-back steps)."""
-    for _ in range(warm):
-        step()
+def _block(out) -> None:  # noqa: ANN001
+    """Wait for a step's own results: JAX arrays directly, jax tensors through ``wait``."""
+    if isinstance(out, jax.Array):
+        out.block_until_ready()
     xla_dtensor.wait()
+
+
+def _time_mode(step, reps: int, warm: int = 3) -> tuple[float, float]:  # noqa: ANN001
+    """(median host ms until ``step()`` returns, ms per step of ``reps`` back-to-back steps).
+
+    NOTE: every measurement starts with nothing in flight and ends by blocking on the
+    mode's own results; ``xla_dtensor.wait()`` alone does not see a pure-JAX step's arrays,
+    and the earlier version timed a backlog of unfinished JAX steps as part of the loop.
+    """
+    out = None
+    for _ in range(warm):
+        out = step()
+    _block(out)
     host = []
     for _ in range(reps):
-        xla_dtensor.wait()
         t0 = time.perf_counter()
         out = step()
         host.append((time.perf_counter() - t0) * 1e3)
-        del out
-    xla_dtensor.wait()
+        _block(out)
     t0 = time.perf_counter()
     for _ in range(reps):
         out = step()
-    jax.block_until_ready(out if isinstance(out, jax.Array) else [])
+    _block(out)
     if isinstance(out, torch.Tensor):
         out.item()
-    xla_dtensor.wait()
     return statistics.median(host), (time.perf_counter() - t0) * 1e3 / reps
 
 
@@ -178,6 +188,10 @@ def bench_modes(reps: int) -> dict[str, tuple[float, float]]:
     optt = torch.optim.AdamW(mt.parameters(), lr=1e-3, foreach=True)
     res["torch.compile"] = _time_mode(lambda: _train_step(cm, optt, idx, idx), reps)
 
+    # compile mode and JAX from the same weights, for the interleaved comparison and the loss check
+    mcj = copy.deepcopy(base).to(dev)
+    optj = torch.optim.AdamW(mcj.parameters(), lr=1e-3)
+    cstep2 = xla_dtensor.compile(_train_step)
     params = gpt2_jax.params_from_torch(base)
     state = gpt2_jax.adamw_init(params)
     jstep = gpt2_jax.make_train_step(base.cfg.n_head, lr=1e-3, wd=0.01)
@@ -188,7 +202,63 @@ def bench_modes(reps: int) -> dict[str, tuple[float, float]]:
         box[0], box[1], loss = jstep(box[0], box[1], ji, ji)
         return loss
     res["pure JAX"] = _time_mode(jax_step, reps)
+    box2 = [gpt2_jax.params_from_torch(base), None]
+    box2[1] = gpt2_jax.adamw_init(box2[0])
+
+    def jax_step2():  # noqa: ANN202
+        box2[0], box2[1], loss = jstep(box2[0], box2[1], ji, ji)
+        return loss
+    from xla_dtensor.jit.args import signature
+    flat: list = []
+    cstep2(mcj, optj, d, d)
+    cstep2(mcj, optj, d, d)  # the first two calls trace (no state, then state): now cached
+    jax_step2()
+    jax_step2()  # the same number of steps on both, so the next losses must agree
+    entry = cstep2._entries[signature((mcj, optj, d, d), {}, flat)]
+
+    def program_only() -> float:  # the compile-mode executable alone: gather, then time the run, rebind
+        inputs = entry.gather(flat)
+        t0 = time.perf_counter()
+        results = jax.block_until_ready(entry.compiled(*inputs))
+        t = (time.perf_counter() - t0) * 1e3
+        entry.apply(results, flat)
+        return t
+    FAIR.update(_fair_compare(lambda: cstep2(mcj, optj, d, d), jax_step2, max(reps, 30), program_only))
     return res
+
+
+FAIR: dict[str, float] = {}
+
+
+def _fair_compare(cstep, jstep, reps: int, program_only) -> dict[str, float]:  # noqa: ANN001
+    """Compile mode vs pure JAX, interleaved step by step on the same machine state.
+
+    Both run the same model from the same weights on the same single device, float32,
+    AdamW inside the program, parameters and optimizer state donated, batch not; both
+    warmed up. Each step is timed from the call to its completion (``block_until_ready``
+    / ``wait``), alternating the two so load on the shared machine hits both alike.
+    """
+    from xla_dtensor.core.executor import materialize
+    first = (float(cstep().item()), float(jstep()))  # the same step of each from the same weights
+    for _ in range(5):
+        cstep()
+        jstep()
+    xla_dtensor.wait()
+    c, j, p = [], [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        loss = cstep()
+        # NOTE: the loss's own array (one program: all its outputs finish together); wait() would
+        # also walk every live storage of the other modes' models
+        jax.block_until_ready(materialize(loss))
+        t1 = time.perf_counter()
+        jax.block_until_ready(jstep())
+        t2 = time.perf_counter()
+        c.append((t1 - t0) * 1e3)
+        j.append((t2 - t1) * 1e3)
+        p.append(program_only())
+    return {"compile": statistics.median(c), "JAX": statistics.median(j), "program": statistics.median(p),
+            "loss compile": first[0], "loss JAX": first[1]}
 
 
 def main() -> None:
@@ -210,6 +280,11 @@ def main() -> None:
     for k, (h, st) in modes.items():
         print(f"{k:<20}{h:>14.3f}{st:>10.3f}{st / jstep:>12.2f}{ctput / st:>23.2f}")
     print(f"compile-mode host ms/step, 2 vs 6 layers: {modes['compile'][0]:.3f} vs {modes['compile (6 layers)'][0]:.3f}")
+    print(f"interleaved, each step timed to completion (median): compile {FAIR['compile']:.3f} ms, pure JAX "
+          f"{FAIR['JAX']:.3f} ms, ratio {FAIR['compile'] / FAIR['JAX']:.2f}; losses of step 3 "
+          f"{FAIR['loss compile']:.6g} vs {FAIR['loss JAX']:.6g} (targets = inputs: tied embeddings make it small)")
+    print(f"  of which the compile-mode executable alone (no replay Python): {FAIR['program']:.3f} ms, "
+          f"{FAIR['program'] / FAIR['JAX']:.2f}x the JAX step")
     for k, (py, call, n_in) in OVERHEAD.items():
         print(f"{k}: replay Python (gather inputs + rebind results) {py:.3f} ms for {n_in} program inputs; "
               f"executable call (host, on CPU it may run inline) {call:.3f} ms")

@@ -16,11 +16,11 @@ Example:
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 
 def _np(t: Any) -> jnp.ndarray:
@@ -54,7 +54,9 @@ def _attention(x: jnp.ndarray, p: dict, n_head: int) -> jnp.ndarray:
     b, t, c = x.shape
     heads = lambda y: y.reshape(b, t, n_head, c // n_head).transpose(0, 2, 1, 3)  # noqa: E731
     q, k, v = heads(_linear(x, p["q"])), heads(_linear(x, p["k"])), heads(_linear(x, p["v"]))
-    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(c // n_head)
+    # NOTE: a Python float, not np.sqrt: with x64 on (xla_dtensor enables it) a numpy float64 is not
+    # weakly typed and would promote the scores, and then the whole residual stream, to float64.
+    s = q @ k.transpose(0, 1, 3, 2) * (1.0 / math.sqrt(c // n_head))
     s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
     y = jax.nn.softmax(s, axis=-1) @ v
     return _linear(y.transpose(0, 2, 1, 3).reshape(b, t, c), p["o"])
@@ -92,4 +94,5 @@ def make_train_step(n_head: int, lr: float = 1e-3, wd: float = 0.01, b1: float =
             p = p * (1 - lr * wd)
             return p - lr / bc1 * m_ / (jnp.sqrt(v_) / jnp.sqrt(bc2) + eps)
         return jax.tree_util.tree_map(upd, params, m, v), {"m": m, "v": v, "step": n}, loss
+    # NOTE: the same buffers as compile mode's program: params and optimizer state donated, batch not.
     return jax.jit(step, donate_argnums=(0, 1))

@@ -82,12 +82,14 @@ def _views(op: Any, entry: E.Entry, base: LazyTensor, node: Any) -> Any:
 
 def _inplace(op: Any, info: Any, entry: E.Entry, node: Any, args: tuple, kwargs: dict) -> Any:
     targets: list[Any] = []
+    listed = False  # a mutated list (``_foreach_*_``): the lowering returns a list, even of one tensor
     for pos, name in info.mutated:
         a = args[pos] if pos is not None and pos < len(args) else kwargs.get(name)
+        listed = listed or isinstance(a, (list, tuple))
         targets.extend(a if isinstance(a, (list, tuple)) else [a])
     n_ret = entry.n_ret
     total = n_ret + len(targets)
-    if total == 1:
+    if total == 1 and not listed:
         write(targets[0], node)
     else:
         for i, t in enumerate(targets):

@@ -88,7 +88,9 @@ def make_capturable(flat: list) -> None:
 
 def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, Any]:
     """Run ``fn`` lazily and record it. Returns the capture and ``fn``'s own result."""
-    before = {id(s): (weakref.ref(s), s.value) for s in list(LIVE)}
+    # NOTE: in creation order: a WeakSet's iteration order depends on its insertion/deletion history,
+    # and the program's input/output order (hence the re-check's structural compare) must not.
+    before = {id(s): (weakref.ref(s), s.value) for s in sorted(LIVE, key=_seq)}
     start = next(T._SEQ)
     params = _params(flat)
     had_grad = {id(p) for p in params if p.grad is not None}
@@ -148,6 +150,10 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
                   out_spec, donate, escaped, host_reads)
     cap.shardings = [None if n.fn is None else n.sharding for n in _order(roots)]
     return cap, out
+
+
+def _seq(s: Storage) -> int:
+    return s.seq
 
 
 def _order(roots: list[Node]) -> list[Node]:

@@ -127,6 +127,24 @@ def test_graph_change_is_reported_with_the_op(dev):
         xla_dtensor.config.compile_check_every = old
 
 
+def test_periodic_recheck_of_a_gpt2_adamw_step_sees_the_same_graph(dev, monkeypatch):
+    """Re-traces every 3 replays find the cached program (no false GraphChangedWarning), losses match CPU."""
+    model, bs = tiny_gpt2(), batches(12, seed=5)
+    ref = cpu_losses(copy.deepcopy(model), bs)
+    monkeypatch.setattr(xla_dtensor.config, "compile_check_every", 3)
+    m = copy.deepcopy(model).to(dev)
+    opt = adamw(m.parameters())
+    step = xla_dtensor.compile(_train_step)
+    before = metrics.snapshot()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphChangedWarning)
+        got = [step(m, opt, x.to(dev), y.to(dev)).item() for x, y in bs]
+    d = metrics.diff(before)
+    assert d["compile_rechecks"] >= 2, d
+    assert d["compile_replays"] >= 6, d
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=0)
+
+
 def test_host_read_inside_runs_lazily_with_warning(dev):
     @xla_dtensor.compile
     def f(x):

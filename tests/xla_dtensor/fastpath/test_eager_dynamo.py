@@ -87,3 +87,51 @@ def test_entry_point_is_declared_and_resolves():
     fn = getattr(importlib.import_module(module), attr)
     from torch._dynamo.backends.registry import lookup_backend
     assert lookup_backend("xla_dtensor") is fn
+
+
+def test_optimizers_default_to_foreach_for_jax_params_fewer_eager_ops_same_result(dev):
+    """torch picks the multi-tensor AdamW for jax parameters: fewer eager executions, CPU's numbers."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+    model, bs = tiny_gpt2(), batches(2, seed=9)
+    ref = cpu_losses(copy.deepcopy(model), bs)
+    assert _default_to_fused_or_foreach(list(copy.deepcopy(model).to(dev).parameters()), False, False)[1]
+    ops, losses = {}, {}
+    for foreach in (None, False):
+        m = copy.deepcopy(model).to(dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=3e-3, weight_decay=0.1, foreach=foreach)
+        xla_dtensor.eager_mode(True)
+        try:
+            got = []
+            for x, y in bs:
+                loss = m(x.to(dev), y.to(dev))
+                loss.backward()
+                before = metrics.snapshot()
+                opt.step()
+                ops[foreach] = metrics.diff(before)["eager_ops"]
+                opt.zero_grad()
+                got.append(loss.item())
+        finally:
+            xla_dtensor.eager_mode(False)
+        losses[foreach] = got
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=0)
+    n_params = len(list(model.parameters()))
+    assert ops[None] < n_params < ops[False], ops  # one op per parameter list vs several per parameter
+
+
+def test_foreach_inplace_on_a_single_tensor_list_matches_cpu(dev):
+    """``_foreach_add_`` over a one-tensor list (SGD on one parameter), with a changing lr."""
+    p = torch.nn.Parameter(torch.ones(4, device=dev))
+    ref = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.SGD([p], lr=0.1, foreach=True)
+    ropt = torch.optim.SGD([ref], lr=0.1, foreach=False)
+    for lr in (0.1, 0.2, 0.05):
+        for o in (opt, ropt):
+            o.param_groups[0]["lr"] = lr
+        (p * p).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        xla_dtensor.sync()
+        (ref * ref).sum().backward()
+        ropt.step()
+        ropt.zero_grad()
+    torch.testing.assert_close(p.detach().cpu(), ref.detach())
