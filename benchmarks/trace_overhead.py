@@ -21,6 +21,7 @@ Usage: PYTHONPATH=. python benchmarks/trace_overhead.py [--n 2000] [--reps 7] [-
 from __future__ import annotations
 
 import argparse
+import sys
 import copy
 import statistics
 import time
@@ -267,26 +268,32 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--skip-ops", action="store_true", help="only the per-mode GPT-2 step table")
     a = ap.parse_args()
+    out_lines: list[str] = []
+
+    def say(text: str = "") -> None:  # printed, and kept for results/trace_overhead.md
+        print(text)
+        out_lines.append(text)
+
     ops = {} if a.skip_ops else bench_ops(a.n, a.reps)
     if ops:
-        print(f"{'op':<6}{'lazy us/op':>12}{'jax.jit us/op':>15}{'ratio':>8}")
+        say(f"{'op':<6}{'lazy us/op':>12}{'jax.jit us/op':>15}{'ratio':>8}")
         for k, (lazy, jit) in ops.items():
-            print(f"{k:<6}{lazy:>12.2f}{jit:>15.3f}{lazy / jit:>8.1f}")
+            say(f"{k:<6}{lazy:>12.2f}{jit:>15.3f}{lazy / jit:>8.1f}")
     modes = bench_modes(max(a.reps, 10))
     jhost, jstep = modes["pure JAX"]
     ctput = modes["compile"][1]
-    print("\nGPT-2 train step (2 layers, n_embd 64, batch 4x32, AdamW), medians")
-    print(f"{'mode':<20}{'host ms/step':>14}{'step ms':>10}{'step / JAX':>12}{'throughput vs compile':>23}")
+    say("\nGPT-2 train step (2 layers, n_embd 64, batch 4x32, AdamW), medians")
+    say(f"{'mode':<20}{'host ms/step':>14}{'step ms':>10}{'step / JAX':>12}{'throughput vs compile':>23}")
     for k, (h, st) in modes.items():
-        print(f"{k:<20}{h:>14.3f}{st:>10.3f}{st / jstep:>12.2f}{ctput / st:>23.2f}")
-    print(f"compile-mode host ms/step, 2 vs 6 layers: {modes['compile'][0]:.3f} vs {modes['compile (6 layers)'][0]:.3f}")
-    print(f"interleaved, each step timed to completion (median): compile {FAIR['compile']:.3f} ms, pure JAX "
+        say(f"{k:<20}{h:>14.3f}{st:>10.3f}{st / jstep:>12.2f}{ctput / st:>23.2f}")
+    say(f"compile-mode host ms/step, 2 vs 6 layers: {modes['compile'][0]:.3f} vs {modes['compile (6 layers)'][0]:.3f}")
+    say(f"interleaved, each step timed to completion (median): compile {FAIR['compile']:.3f} ms, pure JAX "
           f"{FAIR['JAX']:.3f} ms, ratio {FAIR['compile'] / FAIR['JAX']:.2f}; losses of step 3 "
           f"{FAIR['loss compile']:.6g} vs {FAIR['loss JAX']:.6g} (targets = inputs: tied embeddings make it small)")
-    print(f"  of which the compile-mode executable alone (no replay Python): {FAIR['program']:.3f} ms, "
+    say(f"  of which the compile-mode executable alone (no replay Python): {FAIR['program']:.3f} ms, "
           f"{FAIR['program'] / FAIR['JAX']:.2f}x the JAX step")
     for k, (py, call, n_in) in OVERHEAD.items():
-        print(f"{k}: replay Python (gather inputs + rebind results) {py:.3f} ms for {n_in} program inputs; "
+        say(f"{k}: replay Python (gather inputs + rebind results) {py:.3f} ms for {n_in} program inputs; "
               f"executable call (host, on CPU it may run inline) {call:.3f} ms")
     import matplotlib
     matplotlib.use("Agg")
@@ -313,7 +320,11 @@ def main() -> None:
     fig.tight_layout()
     out = Path(__file__).resolve().parent / "results" / "trace_overhead.png"
     fig.savefig(out, dpi=120)
-    print(f"saved {out}")
+    table = out.with_suffix(".md")
+    table.write_text("# trace_overhead\n\nOutput of `PYTHONPATH=. python benchmarks/trace_overhead.py "
+                     f"{' '.join(sys.argv[1:])}` (medians; the run that saved trace_overhead.png).\n\n"
+                     "```\n" + "\n".join(out_lines).strip() + "\n```\n")
+    print(f"saved {out} and {table}")
 
 
 if __name__ == "__main__":
