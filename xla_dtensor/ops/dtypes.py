@@ -37,6 +37,10 @@ _TO_TORCH: dict[np.dtype, torch.dtype] = {np.dtype(j): t for t, j in _PAIRS}
 Value = Any  # jax.Array | bool | int | float | complex
 
 
+class UnsupportedDtypeError(TypeError):
+    """A torch dtype with no JAX counterpart: the jax device cannot hold it."""
+
+
 def to_jax(dtype: torch.dtype) -> np.dtype:
     """The JAX dtype of torch dtype ``dtype``.
 
@@ -47,7 +51,8 @@ def to_jax(dtype: torch.dtype) -> np.dtype:
     try:
         return _TO_JAX[dtype]
     except KeyError:
-        raise TypeError(f"torch dtype {dtype} has no JAX counterpart; supported: {sorted(map(str, _TO_JAX))}") from None
+        raise UnsupportedDtypeError(f"dtype {dtype} is not supported on the jax device (no JAX counterpart); "
+                                    f"supported: {sorted(map(str, _TO_JAX))}") from None
 
 
 def to_torch(dtype: Any) -> torch.dtype:
@@ -60,7 +65,8 @@ def to_torch(dtype: Any) -> torch.dtype:
     try:
         return _TO_TORCH[np.dtype(dtype)]
     except (KeyError, TypeError):
-        raise TypeError(f"dtype {dtype} has no torch counterpart; supported: {sorted(map(str, _TO_TORCH))}") from None
+        raise UnsupportedDtypeError(f"dtype {dtype} has no torch counterpart; "
+                                    f"supported: {sorted(map(str, _TO_TORCH))}") from None
 
 
 def default_float() -> torch.dtype:
