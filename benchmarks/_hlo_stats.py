@@ -125,11 +125,9 @@ def memory_bytes(compiled: Any) -> dict[str, int]:
 
 def last_executable() -> Any:
     """The executable the lazy core ran last (``jax.stages.Compiled``)."""
-    from xla_dtensor.core import executor  # NOTE: the same in-memory cache last_compiled_hlo() reads
+    from xla_dtensor.core import executor
 
-    if not executor._CACHE:
-        raise LookupError("no program has been compiled yet")
-    return next(reversed(executor._CACHE.values()))
+    return executor.last_executable()
 
 
 def time_executable(compiled: Any, reps: int, warmup: int = 1) -> list[float]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -30,23 +30,67 @@ KEEP_PENDING: list[Callable[[Storage], bool]] = []  # materialize() leaves such 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
 
-def _plan(roots: list[Node]) -> tuple[tuple, list[Node], list[Callable[..., Any] | None], list[tuple], list[int]]:
+class Plan(NamedTuple):
+    """A pending graph laid out for lowering, from one topological walk of its roots."""
+
+    struct: tuple  # node hashes, wiring and shardings: the program's cache identity
+    order: list[Node]  # every node, inputs before users
+    leaves: list[Node]  # the program's arguments, in order
+    fns: list[Callable[..., Any] | None]
+    wiring: list[tuple]
+    shardings: list[Any]  # per node, the constraint to apply (None: none)
+    outs: list[int]  # positions of the roots in ``order``
+
+
+def _plan(roots: list[Node]) -> Plan:
     order = topo_order(roots)
     pos = {id(n): i for i, n in enumerate(order)}
-    struct, leaves, fns, wiring = [], [], [], []
+    struct, leaves, fns, wiring, shardings = [], [], [], [], []
     for n in order:
         if n.fn is None:
             leaves.append(n)
             struct.append(n.hash)
             fns.append(None)
             wiring.append(())
+            shardings.append(None)
         else:
             w = tuple([pos[id(x)] for x in n.inputs])
             struct.append((n.hash, w) if n.sharding is None else (n.hash, w, n.sharding))
             fns.append(n.fn)
             wiring.append(w)
+            shardings.append(n.sharding)
     outs = [pos[id(r)] for r in roots]
-    return tuple(struct), leaves, fns, wiring, outs
+    return Plan(tuple(struct), order, leaves, fns, wiring, shardings, outs)
+
+
+def lower(plan: Plan, donate_idx: tuple[int, ...] = ()) -> Any:
+    """``plan`` as one jitted JAX function, lowered for its leaves' arrays (``jax.stages.Lowered``)."""
+    program = _program(plan.fns, plan.wiring, plan.shardings, plan.outs)
+    return jax.jit(program, donate_argnums=donate_idx).lower(*[n.data for n in plan.leaves])
+
+
+def lookup(key: Any) -> Any:
+    """The cached executable for ``key`` (counted as a cache hit), or ``None``."""
+    compiled = _CACHE.get(key)
+    if compiled is not None:
+        metrics._COUNTS["cache_hits"] += 1
+        _CACHE.move_to_end(key)
+    return compiled
+
+
+def store(key: Any, compiled: Any) -> None:
+    """Cache a freshly compiled executable (counted as a compile); evict beyond ``config.cache_size``."""
+    metrics._COUNTS["compiles"] += 1
+    _CACHE[key] = compiled
+    while len(_CACHE) > config.cache_size:
+        _CACHE.popitem(last=False)
+
+
+def last_executable() -> Any:
+    """The executable the lazy core compiled or reused last (``jax.stages.Compiled``)."""
+    if not _CACHE:
+        raise LookupError("no program has been compiled yet")
+    return next(reversed(_CACHE.values()))
 
 
 def _program(fns: list, wiring: list, shardings: list, outs: list[int]) -> Callable[..., Any]:
@@ -71,23 +115,14 @@ def _leaf_value(n: Node) -> Any:
 
 def execute(roots: list[Node], donate: set[int] | None = None) -> list[Any]:
     """Compute ``roots``; returns their arrays. ``donate``: ids of leaves whose buffers may be reused."""
-    struct, leaves, fns, wiring, outs = _plan(roots)
-    donate_idx = tuple(i for i, n in enumerate(leaves) if donate and id(n) in donate) if config.donate else ()
-    key = (struct, tuple(outs), donate_idx)
-    args = [n.data for n in leaves]
-    compiled = _CACHE.get(key)
+    plan = _plan(roots)
+    donate_idx = tuple(i for i, n in enumerate(plan.leaves) if donate and id(n) in donate) if config.donate else ()
+    key = (plan.struct, tuple(plan.outs), donate_idx)
+    compiled = lookup(key)
     if compiled is None:
-        shardings = [None if n.fn is None else n.sharding for n in topo_order(roots)]
-        program = _program(fns, wiring, shardings, outs)
-        compiled = jax.jit(program, donate_argnums=donate_idx).lower(*args).compile()
-        metrics._COUNTS["compiles"] += 1
-        _CACHE[key] = compiled
-        while len(_CACHE) > config.cache_size:
-            _CACHE.popitem(last=False)
-    else:
-        metrics._COUNTS["cache_hits"] += 1
-        _CACHE.move_to_end(key)
-    result = compiled(*args)
+        compiled = lower(plan, donate_idx).compile()
+        store(key, compiled)
+    result = compiled(*[n.data for n in plan.leaves])
     metrics._COUNTS["executions"] += 1
     return list(result)
 

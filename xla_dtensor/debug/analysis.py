@@ -112,12 +112,12 @@ def _single(sharding: Any) -> bool:
 def explain_lazy(roots: list, compiled: bool, seconds: float) -> None:
     """Report a lazy execution (called by the instrumented executor)."""
     from xla_dtensor.core import executor
-    from xla_dtensor.core.ir import topo_order
-    struct, leaves, _, _, outs = executor._plan(roots)
+    plan = executor._plan(roots)
+    struct, leaves, outs = plan.struct, plan.leaves, plan.outs
     site = user_frame()
     detail = ""
     descs = _describe_leaves(leaves)
-    ops = [(str(n.op), n.key) for n in topo_order(roots) if n.fn is not None]
+    ops = [(str(n.op), n.key) for n in plan.order if n.fn is not None]
     last = _SITE_LAST.get(site)
     if compiled and last is not None:
         detail = "recompile: " + _diff(last, descs, ops)

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import jax
-
 from xla_dtensor.core import executor
-from xla_dtensor.core.ir import topo_order
 from xla_dtensor.core.tensor import LazyTensor, value_of
 
 __all__ = ["get_stablehlo", "get_hlo"]
@@ -25,10 +22,7 @@ def _lowered(tensors: Sequence[LazyTensor] | LazyTensor) -> Any:
     bad = [type(t).__name__ for t in tensors if not isinstance(t, LazyTensor)]
     if bad:
         raise TypeError(f"expected tensors on the jax device, got {', '.join(bad)}")
-    roots = [value_of(t) for t in tensors]
-    _, leaves, fns, wiring, outs = executor._plan(roots)
-    shardings = [None if n.fn is None else n.sharding for n in topo_order(roots)]
-    return jax.jit(executor._program(fns, wiring, shardings, outs)).lower(*[n.data for n in leaves])
+    return executor.lower(executor._plan([value_of(t) for t in tensors]))
 
 
 def get_stablehlo(tensors: Sequence[LazyTensor] | LazyTensor) -> str:

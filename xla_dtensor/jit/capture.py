@@ -132,8 +132,9 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
         else:
             out_items.append(("py", t))
 
-    struct, leaves, fns, wiring, outs = executor._plan(roots)
-    order_ops = [str(n.op) for n in _order(roots)]
+    plan = executor._plan(roots)
+    struct, leaves, fns, wiring, outs = plan.struct, plan.leaves, plan.fns, plan.wiring, plan.outs
+    order_ops = [str(n.op) for n in plan.order]
     sources = _sources(leaves, before, arg_of, flat, start)
     owners: dict[int, int] = {}
     for ref, old in before.values():
@@ -148,17 +149,12 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
                    if sources[i][0] in ("arg", "cap") and n_mut.get(id(n), 0) == owners.get(id(n), -1))
     cap = Capture(roots, leaves, struct, fns, wiring, outs, order_ops, sources, state, grads, out_items,
                   out_spec, donate, escaped, host_reads)
-    cap.shardings = [None if n.fn is None else n.sharding for n in _order(roots)]
+    cap.shardings = plan.shardings
     return cap, out
 
 
 def _seq(s: Storage) -> int:
     return s.seq
-
-
-def _order(roots: list[Node]) -> list[Node]:
-    from xla_dtensor.core.ir import topo_order
-    return topo_order(roots)
 
 
 def _escaped(start: int, out_storages: set[int], grad_storages: dict[int, Storage]) -> int:

@@ -175,11 +175,8 @@ def _executable(cap: Any) -> tuple[Any, bool]:
     pos = {i: j for j, i in enumerate(dyn)}
     donate = tuple(pos[i] for i in cap.donate)
     key = (cap.struct, tuple(cap.outs), donate, tuple((i, type(v), v) for i, v in baked.items()))
-    cache = executor._CACHE
-    compiled = cache.get(key)
+    compiled = executor.lookup(key)
     if compiled is not None:
-        cache.move_to_end(key)
-        metrics._COUNTS["cache_hits"] += 1
         return compiled, False
     run = executor._program(cap.fns, cap.wiring, cap.shardings, cap.outs)
     n = len(cap.leaves)
@@ -194,10 +191,7 @@ def _executable(cap: Any) -> tuple[Any, bool]:
     t0 = time.perf_counter()
     compiled = jax.jit(program, donate_argnums=donate).lower(*replay.first_inputs(cap)).compile()
     timing.record("compile", time.perf_counter() - t0)
-    metrics._COUNTS["compiles"] += 1
-    cache[key] = compiled
-    while len(cache) > config.cache_size:
-        cache.popitem(last=False)
+    executor.store(key, compiled)
     return compiled, True
 
 

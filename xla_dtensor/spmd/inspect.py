@@ -40,9 +40,7 @@ def last_compiled_hlo() -> str:
         True
     """
     from xla_dtensor.core import executor
-    if not executor._CACHE:
-        raise LookupError("no program has been compiled yet")
-    return next(reversed(executor._CACHE.values())).as_text()
+    return executor.last_executable().as_text()
 
 
 def to_host(t: LazyTensor) -> "np.ndarray":
