@@ -95,7 +95,7 @@ def _save_tensor(t: LazyTensor, name: str, path: str) -> dict[str, Any]:
         np.save(os.path.join(path, fname), _to_numpy_storable(data))
         shards.append({"file": fname, "start": [lo for lo, _ in idx], "stop": [hi for _, hi in idx]})
     return {"shape": list(shape), "dtype": str(t.dtype).removeprefix("torch."),
-            "layout": A.get_hlo(t), "shards": shards}
+            "layout": A.get_hlo_sharding(t), "shards": shards}
 
 
 def _safe(name: str) -> str:

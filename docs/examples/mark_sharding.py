@@ -11,7 +11,7 @@ y = torch.tanh(t) @ torch.randn(8, 4).to(xla_dtensor.device())
 xs.mark_sharding(y, mesh, ("data", None))                # pending value: a sharding constraint
 z = y * 2                                                # nobody annotates z
 xla_dtensor.sync()
-print("t:", xs.get_hlo(t), " y:", xs.get_hlo(y), " z (propagated):", xs.get_hlo(z))
+print("t:", xs.get_hlo_sharding(t), " y:", xs.get_hlo_sharding(y), " z (propagated):", xs.get_hlo_sharding(z))
 xs.visualize_tensor_sharding(z, width=40)
-assert xs.get_hlo(y) == "{devices=[4,1,2]<=[8] last_tile_dim_replicate}"
+assert xs.get_hlo_sharding(y) == "{devices=[4,1,2]<=[8] last_tile_dim_replicate}"
 print("ok")

@@ -15,7 +15,7 @@ from xla_dtensor.sharding import ShardingSpec
 from xla_dtensor.spmd.annotate import (
     as_mesh,
     clear_sharding,
-    get_hlo,
+    get_hlo_sharding,
     get_spec,
     install_hooks,
     mark_sharding,
@@ -40,7 +40,7 @@ install_hooks()
 __all__ = [
     "AUTO", "AlreadyDistributedError", "AutoPolicy", "auto_stats", "last_plan", "DependencyImportError", "HybridMesh", "Mesh", "MeshDevicesError",
     "NotShardableError", "ShardingSpec", "XLAShard", "XLAShardedTensor", "as_mesh", "clear_sharding",
-    "constrain_activation", "distribute_module", "distribute_tensor", "get_1d_mesh", "get_hlo",
+    "constrain_activation", "distribute_module", "distribute_tensor", "get_1d_mesh", "get_hlo_sharding",
     "get_spec", "init_device_mesh", "last_compiled_hlo", "mark_sharding",
     "mark_sharding_with_gradients", "submesh", "to_host", "use_spmd", "visualize_tensor_sharding",
 ]

@@ -10,7 +10,7 @@ Where a sharding lives:
 * On a view (torch_xla issue 8662), the view's current value gets the constraint and
   the spec is remembered for that view; the base is untouched.
 * Tensors nobody annotated carry what XLA propagated: after ``sync()`` their data is a
-  ``jax.Array`` whose sharding :func:`get_spec` / :func:`get_hlo` report (torch_xla
+  ``jax.Array`` whose sharding :func:`get_spec` / :func:`get_hlo_sharding` report (torch_xla
   issue 7846). Before ``sync()`` such a value's layout is not decided yet (``None``).
 """
 from __future__ import annotations
@@ -187,7 +187,7 @@ def get_spec(t: LazyTensor) -> ShardingSpec | None:
     return None
 
 
-def get_hlo(t: LazyTensor) -> str | None:
+def get_hlo_sharding(t: LazyTensor) -> str | None:
     """``t``'s layout as an HLO sharding string (device ids), or ``None`` while undecided."""
     spec = get_spec(t)
     if spec is not None:

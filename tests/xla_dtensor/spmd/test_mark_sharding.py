@@ -67,7 +67,7 @@ def test_propagated_sharding_of_intermediates_after_sync(dev):
     assert xs.get_spec(b) is None  # not decided before the program is compiled
     xla_dtensor.sync()
     arr = b._storage.value.data
-    assert xs.get_hlo(b) == str(arr.sharding._to_xla_hlo_sharding(2)) == _jax_hlo(mesh, ("x", None), 2)
+    assert xs.get_hlo_sharding(b) == str(arr.sharding._to_xla_hlo_sharding(2)) == _jax_hlo(mesh, ("x", None), 2)
     assert xs.XLAShardedTensor.wrap(b).placements[0].dim == 0
 
 
@@ -80,12 +80,12 @@ def test_annotating_a_view_keeps_the_sharding(dev):
     xs.mark_sharding(w, mesh, ("model", None))
     v = torch.index_select(w, 0, idx.to(dev).view(-1)).view(1, 16, 16)
     xs.mark_sharding(v, mesh, ("data", "model", None))
-    assert xs.get_hlo(v) == _jax_hlo(mesh, ("data", "model", None), 3)
+    assert xs.get_hlo_sharding(v) == _jax_hlo(mesh, ("data", "model", None), 3)
     out = v.view(1, 16, 16) * 2
     ref = torch.index_select(weight, 0, idx.view(-1)).view(1, 16, 16) * 2
     torch.testing.assert_close(out.cpu(), ref)
     assert "tensor(" in repr(out)
-    assert xs.get_hlo(v) == _jax_hlo(mesh, ("data", "model", None), 3)
+    assert xs.get_hlo_sharding(v) == _jax_hlo(mesh, ("data", "model", None), 3)
 
 
 def test_view_of_a_root_annotation_does_not_touch_the_base(dev):
@@ -140,7 +140,7 @@ def test_mark_sharding_with_gradients(dev):
     y = xs.mark_sharding_with_gradients(x, mesh, ("x", None))
     (y.sin() * 2).sum().backward()
     torch.testing.assert_close(x.grad.cpu(), 2 * torch.cos(x0))
-    assert xs.get_hlo(x.grad) == _jax_hlo(mesh, ("x", None), 2)
+    assert xs.get_hlo_sharding(x.grad) == _jax_hlo(mesh, ("x", None), 2)
 
 
 def test_use_spmd_and_get_1d_mesh():
