@@ -29,10 +29,11 @@ _SEQ = itertools.count()  # creation order: sync() sorts by it so the same step 
 class Storage:
     """The value cell shared by a root tensor and all its views."""
 
-    __slots__ = ("value", "version", "meta", "seq", "__weakref__")
+    __slots__ = ("value", "version", "meta", "seq", "donor", "__weakref__")
 
     def __init__(self, value: Node, meta: tuple) -> None:
         self.value, self.version, self.meta, self.seq = value, 0, meta, next(_SEQ)
+        self.donor: int | None = None  # id() of the device-data leaf the first pending write replaced
 
 
 class LazyTensor(torch.Tensor):
@@ -147,6 +148,8 @@ def value_of_chain(storage: Storage, chain: tuple) -> Node:
 def write(t: LazyTensor, value: Node) -> None:
     """Make ``value`` the new content of ``t`` (an in-place write, torch semantics)."""
     s = t._storage
+    if s.value.fn is None:
+        s.donor = id(s.value)  # NOTE: an id, not the node: a reference would keep a non-donated buffer alive
     if t._chain:
         from xla_dtensor.core.views import scatter_into
         s.value = scatter_into(s.value, s.meta, t._chain, value)

@@ -48,6 +48,7 @@ class Capture:
     out_items: list[Any]        # per output leaf: ("t", meta) or ("py", value)
     out_spec: Any
     donate: tuple[int, ...]
+    state_leaf: list[int]       # per mutated storage, the leaf index of its value before the call (-1: not a leaf)
     escaped: int = 0            # new tensors kept alive outside the outputs (state created on this call)
     host_reads: int = 0         # device values read on the host while tracing
     shardings: list = field(default_factory=list)
@@ -147,8 +148,11 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
             n_mut[id(old)] = n_mut.get(id(old), 0) + 1
     donate = tuple(i for i, n in enumerate(leaves)
                    if sources[i][0] in ("arg", "cap") and n_mut.get(id(n), 0) == owners.get(id(n), -1))
+    leaf_at = {id(n): i for i, n in enumerate(leaves)}
+    state_leaf = [leaf_at.get(id(old), -1) for ref, old in before.values()
+                  if ref() is not None and ref().value is not old]
     cap = Capture(roots, leaves, struct, fns, wiring, outs, order_ops, sources, state, grads, out_items,
-                  out_spec, donate, escaped, host_reads)
+                  out_spec, donate, state_leaf, escaped, host_reads)
     cap.shardings = plan.shardings
     return cap, out
 

@@ -171,10 +171,10 @@ class CompiledFunction:
 
 def _executable(cap: Any) -> tuple[Any, bool]:
     baked = replay.baked_constants(cap)
-    dyn = [i for i in range(len(cap.leaves)) if i not in baked]
+    dyn = replay.arg_order(cap)
     pos = {i: j for j, i in enumerate(dyn)}
-    donate = tuple(pos[i] for i in cap.donate)
-    key = (cap.struct, tuple(cap.outs), donate, tuple((i, type(v), v) for i, v in baked.items()))
+    donate = tuple(sorted(pos[i] for i in cap.donate))
+    key = (cap.struct, tuple(cap.outs), tuple(dyn), donate, tuple((i, type(v), v) for i, v in baked.items()))
     compiled = executor.lookup(key)
     if compiled is not None:
         return compiled, False
