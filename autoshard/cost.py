@@ -50,23 +50,34 @@ def reshard_cost(src: Spec, dst: Spec, meta: TensorMeta, topo: Topology) -> floa
 def _reshard(src: Spec, dst: Spec, nbytes: int, topo: Topology) -> float:
     if src == dst:
         return 0.0
-    total = 0.0
     sizes = topo.axis_sizes
+    groups: dict[tuple, list[int]] = {}
     for a, (s, d) in enumerate(zip(src, dst)):
-        if s == d or d == "P" or (s == "R" and is_shard(d)) or sizes[a] == 1:
+        kind = _transition(s, d)
+        if kind is None or sizes[a] == 1:
             continue
+        # one collective over every axis doing the same thing on the same link (XLA issues one)
+        key = (kind, topo.links[a]) if kind != "all_to_all" else (kind, a)
+        groups.setdefault(key, []).append(a)
+    total = 0.0
+    for (kind, _), axes in groups.items():
         other = 1
         for b, (s2, d2) in enumerate(zip(src, dst)):
-            if b != a and (is_shard(s2) or is_shard(d2)):
+            if b not in axes and (is_shard(s2) or is_shard(d2)):
                 other *= sizes[b]
-        nb = nbytes / other
-        if s == "P":
-            total += topo.all_reduce(nb, a) if d == "R" else topo.reduce_scatter(nb, a)
-        elif d == "R":
-            total += topo.all_gather(nb, a)
-        else:  # S(i) -> S(j)
-            total += topo.all_to_all(nb, a)
+        total += topo.collective(kind, nbytes / other, tuple(axes))
     return total
+
+
+def _transition(s: object, d: object) -> str | None:
+    """The collective turning placement ``s`` into ``d`` along one mesh axis (None: local)."""
+    if s == d or (s == "R" and (d == "P" or is_shard(d))):
+        return None
+    if s == "P":
+        return "all_reduce" if d == "R" else "reduce_scatter"
+    if d in ("R", "P"):  # S -> P: gathered, see module docstring
+        return "all_gather"
+    return "all_to_all"
 
 
 def compute_cost(strategy: Strategy, flops: float, in_metas: tuple[TensorMeta, ...],

@@ -154,5 +154,27 @@ def time_executable(compiled: Any, reps: int, warmup: int = 1) -> list[float]:
     return times
 
 
+def time_interleaved(executables: dict[str, Any], reps: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds per call of each executable, timed round-robin (one call of each per round).
+
+    On a shared, noisy machine a slow spell then hits every layout of the round alike,
+    so ratios between them are paired rather than taken minutes apart.
+    """
+    import jax
+
+    layouts = {k: (jax.tree.leaves(c.args_info), jax.tree.leaves(c.input_shardings)) for k, c in executables.items()}
+    times: dict[str, list[float]] = {k: [] for k in executables}
+    for r in range(warmup + reps):
+        for k, c in executables.items():
+            infos, shardings = layouts[k]
+            args = jax.block_until_ready([jax.device_put(np.zeros(i._aval.shape, i._aval.dtype), s)
+                                          for i, s in zip(infos, shardings)])
+            t0 = time.perf_counter()
+            jax.block_until_ready(c(*args))
+            if r >= warmup:
+                times[k].append(time.perf_counter() - t0)
+    return times
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")

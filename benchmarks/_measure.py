@@ -99,6 +99,7 @@ def measure(case: Any, mesh: Any, specs: dict[str, Spec] | None, steps: int, rep
     for kind in KINDS:
         out[f"{kind}_n"] = stats[kind].count
         out[f"{kind}_kib"] = stats[kind].nbytes / 1024
+    seen.setdefault("executables", {})[label] = compiled  # re-timed interleaved by the caller
     del module, opt, batch, loss, compiled
     gc.collect()
     if key is not None:

@@ -78,7 +78,8 @@ def summary_table(rows: list[dict]) -> str:
     lines += ["", f"Ratios are best manual / AUTO (above 1: AUTO faster). Targets: AUTO's modelled step <= the best "
               f"manual one in {sum(ok_m)}/{len(ok_m)} cases; AUTO's measured step within 10% of the best manual "
               f"one in {sum(ok_x)}/{len(ok_x)} cases; AUTO within the memory budget in {sum(fits)}/{len(fits)}. "
-              "Measured: median of the compiled step on 8 virtual CPU devices sharing 2 cores (noisy); "
+              "Measured: median of the compiled step on 8 virtual CPU devices sharing 2 cores (noisy), each case's "
+              "strategies timed round-robin so load drift hits them alike; "
               "modelled: autoshard's cost model (virtual meshes: the `cpu` preset, which AUTO plans for)."]
     return "\n".join(lines)
 
