@@ -10,6 +10,7 @@ from xla_dtensor.core.device import DEVICE_NAME, DeviceRegistrationError, device
 register()
 
 from xla_dtensor.core import special as _special  # noqa: E402
+from xla_dtensor.core import data_dependent as _data_dependent  # noqa: E402,F401  (registers its handlers)
 from xla_dtensor.core.executor import mark_step, sync, wait  # noqa: E402
 from xla_dtensor.core.tensor import LazyTensor  # noqa: E402
 

@@ -24,6 +24,11 @@ def dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
     special = SPECIAL.get(op)
     if special is not None:
         return special(op, args, kwargs)
+    return record(op, args, kwargs)
+
+
+def record(op: Any, args: tuple, kwargs: dict) -> Any:
+    """Record ``op`` as one IR node (:func:`dispatch` without the special handlers)."""
     info = op_info(op)
     scalars = op not in _STATIC_SCALAR_OPS
     dyn: list = []
@@ -31,10 +36,13 @@ def dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
     key = (op, sig)
     entry = _ENTRIES.get(key)
     if entry is None:
+        if info.out_kw:
+            from xla_dtensor.core import out_variants
+            return out_variants.run(op, info, args, kwargs)
         entry = E.build(op, args, kwargs, info, key, scalars)
         if entry is None:  # the lowering wants Python scalars: record with static scalars
             _STATIC_SCALAR_OPS.add(op)
-            return dispatch(op, args, kwargs)
+            return record(op, args, kwargs)
         _ENTRIES[key] = entry
     kind = entry.kind
     if kind is E.FALLBACK:
