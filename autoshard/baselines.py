@@ -10,9 +10,13 @@ the inputs, per mesh axis:
   on the input dim, embeddings on the vocabulary dim, the rest replicated; inputs
   replicated.
 
-Activations are then completed greedily in execution order and improved by a few
-sweeps of coordinate descent, so each baseline is the best layout the cost model finds
-for those parameter placements (what a propagation pass would do), respecting ties.
+Activations are then completed by solving the same ILP as the auto-sharder with the
+baseline's placements pinned (warm-started from a greedy completion in execution order
+improved by a few sweeps of coordinate descent, which is also the fallback), so each
+baseline is the best layout the cost model finds for those parameter placements (what
+XLA's propagation is assumed to reach), respecting ties. A greedy completion alone
+overprices a baseline: it fixes each activation looking only at its already-decided
+producers, e.g. resharding around a reshape that a later consumer would have avoided.
 
 Example:
     >>> baseline_axes("2d", ("data", "model"), ("ici", "ici"))
@@ -22,14 +26,18 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from autoshard.build import Model
 from autoshard.evaluate import evaluate
 from autoshard.fold import Folded
+from autoshard.solver import solve_problem
 from autoshard.spec import Spec
+
+COMPLETE_TIME_LIMIT = 10.0  # seconds per baseline's pinned solve
 
 ROW_PARALLEL = re.compile(r"(c_proj|o_proj|down_proj|fc2|out_proj|dense_4h_to_h|wo)\.weight$")
 BASELINES = ("data_parallel", "fsdp", "megatron_tp", "2d", "dcn_dp_ici_tp", "dcn_dp_ici_fsdp")
@@ -109,8 +117,45 @@ def pinned_specs(model: Model, rules: tuple[str, ...]) -> dict[int, Spec]:
     return out
 
 
-def complete(folded: Folded, pinned: dict[int, int], sweeps: int = 2) -> list[int]:
-    """Folded strategy vector: pinned groups fixed, the rest greedy then coordinate descent."""
+def complete(folded: Folded, pinned: dict[int, int], sweeps: int = 2,
+             time_limit: float | None = COMPLETE_TIME_LIMIT) -> list[int]:
+    """Folded strategy vector: pinned groups fixed, the rest the cheapest the model finds.
+
+    The free groups are chosen by the solver on the folded problem with the pinned ones
+    fixed (``time_limit`` seconds; None: greedy only), warm-started from the greedy
+    completion, which is kept when the solver finds nothing cheaper.
+    """
+    greedy = _greedy(folded, pinned, sweeps)
+    if time_limit is None or not pinned:
+        return greedy
+    return _pinned_solve(folded, pinned, greedy, time_limit)
+
+
+def _pinned_solve(folded: Folded, pinned: dict[int, int], greedy: list[int], time_limit: float) -> list[int]:
+    p = folded.problem
+    costs = list(p.node_costs)
+    for g, s in pinned.items():
+        c = np.asarray(costs[g], float)
+        costs[g] = np.where(np.arange(len(c)) == s, c, np.inf)
+    sub = replace(p, node_costs=costs)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sol = solve_problem(sub, time_limit, warm_start=greedy)
+    except ValueError:  # no completion fits the memory budget: the greedy one is scored as infeasible
+        return greedy
+    if sol.strategies is None:
+        return greedy
+    found = [int(x) for x in sol.strategies]
+    if any(found[g] != s for g, s in pinned.items()):
+        return greedy
+    cost_found, ok_found, _ = evaluate(p, found)
+    cost_greedy, ok_greedy, _ = evaluate(p, greedy)
+    return found if (ok_found, -cost_found) >= (ok_greedy, -cost_greedy) else greedy
+
+
+def _greedy(folded: Folded, pinned: dict[int, int], sweeps: int) -> list[int]:
+    """Pinned groups fixed, the rest greedy in execution order then coordinate descent."""
     p = folded.problem
     ng = folded.num_groups
     adj: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(p.num_nodes)]

@@ -80,11 +80,11 @@ def _allocates(node: Node, rule: DimRule) -> bool:
 
 def _elementwise(op: str) -> bool:
     """Whether ``op`` is an elementwise (or optimizer foreach) op, which XLA fuses."""
-    from autoshard.strategies.elementwise import LINEAR, NONLINEAR
+    from autoshard.strategies.elementwise import LINEAR, NONLINEAR, SUM
     from autoshard.strategies.optimizer import FOREACH, SINGLE
 
     parts = op.split(".")
-    return any(".".join(parts[:k]) in (*LINEAR, *NONLINEAR, *FOREACH, *SINGLE) for k in (2, 3))
+    return any(".".join(parts[:k]) in (*LINEAR, *NONLINEAR, *SUM, *FOREACH, *SINGLE) for k in (2, 3))
 
 
 def _replicated_rule(node: Node, graph: Graph) -> DimRule:

@@ -35,7 +35,12 @@ class DimRule:
     """Labels per dim of each tensor input and output (see module docstring).
 
     ``additive``: input positions that take ``P`` when a partial label is split (the bias
-    of ``addmm``). ``linear``: a ``Partial`` leader flows through (views, scaling, sums).
+    of ``addmm``). ``linear``: a ``Partial`` leader flows through (views, scaling, sums);
+    with several inputs the op is linear in all of them jointly (``a + b``), so every
+    input takes ``P`` where the leader is ``P``. ``passthrough``: input positions a leader
+    is linear in (the gradient of an embedding backward): one more option per mesh axis
+    keeps a ``Partial`` value ``Partial`` (those inputs ``P``, the others replicated, the
+    outputs ``P``), so the reduction can wait for a later, cheaper place.
     ``follower``: one strategy per strategy of input ``leader``. ``flops``: global flops.
     """
 
@@ -47,6 +52,7 @@ class DimRule:
     follower: bool = False
     leader: int = 0
     flops: float = 0.0
+    passthrough: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +97,7 @@ def specs_for(rule: DimRule, assign: Assignment) -> tuple[tuple[Spec, ...], tupl
         if label is None:
             return "R"
         if label == PARTIAL:
-            return "P"
+            return "P" if not is_input or not rule.passthrough or pos in rule.passthrough else "R"
         if label in labels:
             return ("S", labels.index(label))
         if is_input:
@@ -109,7 +115,7 @@ def _name(assign: Assignment) -> str:
 
 def _strategy(rule: DimRule, assign: Assignment, axis_sizes: Sequence[int]) -> Strategy:
     ins, outs = specs_for(rule, assign)
-    split = math.prod(n for l, n in zip(assign, axis_sizes) if l is not None)
+    split = math.prod(n for l, n in zip(assign, axis_sizes) if l is not None and l != PARTIAL)
     return Strategy(_name(assign), ins, outs, split)
 
 
@@ -118,6 +124,8 @@ def enumerate_strategies(rule: DimRule, in_metas: Sequence[TensorMeta], out_meta
     """All label choices per mesh axis that divide evenly (a leader's strategy list)."""
     ins, outs = _labels(rule)
     options: list[Label] = [None] + sorted(outs | (ins & rule.partial), key=_order(rule))
+    if rule.passthrough:
+        options.append(PARTIAL)
     metas = list(in_metas) + list(out_metas)
     result = []
     for assign in itertools.product(options, repeat=len(axis_sizes)):
@@ -138,14 +146,13 @@ def follow_strategies(rule: DimRule, leader_specs: Sequence[Spec], in_metas: Seq
     """One strategy per leader spec: keep each split the rule can carry, replicate the rest."""
     metas = list(in_metas) + list(out_metas)
     labels = rule.inputs[rule.leader]
-    single = len(rule.inputs) == 1
     result = []
     for spec in leader_specs:
         assign: list[Label] = []
         for p in spec:
             if is_shard(p):
                 assign.append(labels[p[1]] if p[1] < len(labels) else None)
-            elif p == "P" and rule.linear and single:
+            elif p == "P" and rule.linear:
                 assign.append(PARTIAL)
             else:
                 assign.append(None)

@@ -1,7 +1,11 @@
 """Elementwise ops (with broadcasting): followers of their deepest operand.
 
 Ops that are linear in a single tensor operand (negation, scaling, copies) pass a
-``Partial`` leader through; the rest need it reduced first (an edge cost).
+``Partial`` leader through. Sums of tensors (``add.Tensor``, ``sub.Tensor``) are linear
+in all operands jointly: a ``Partial`` leader makes every operand ``Partial`` and the sum
+stays ``Partial``, so two partial gradients (a tied embedding's lookup and projection
+parts, say) are reduced once, after the sum. The rest need a ``Partial`` leader reduced
+first (an edge cost).
 """
 from __future__ import annotations
 
@@ -22,16 +26,22 @@ NONLINEAR = ("aten.add", "aten.sub", "aten.mul.Tensor", "aten.div.Tensor", "aten
              "aten.ones_like", "aten.zeros_like", "aten.full_like", "aten.empty_like", "aten.fill",
              "aten.add_", "aten.mul_", "aten.copy_", "aten.sub_", "aten.div_",
              "aten.cos", "aten.sin", "aten.fill_")
+SUM = ("aten.add.Tensor", "aten.sub.Tensor")  # overloads: their packets (add.Scalar, add_) stay NONLINEAR
 
 
-def elementwise_rule(node: Node, graph: Graph, linear: bool = False) -> DimRule:
-    """Output dims ``d0..``; each input right-aligned to them; follows the deepest input."""
+def elementwise_rule(node: Node, graph: Graph, linear: bool = False, joint: bool = False) -> DimRule:
+    """Output dims ``d0..``; each input right-aligned to them; follows the deepest input.
+
+    ``linear``: linear in its one tensor operand; ``joint``: linear in all of its (two or
+    more) tensor operands together (a sum; with a scalar operand it is affine, not linear).
+    """
     metas = ins(node, graph)
     outs = node.outputs
     out = outs[0]
     in_labels = tuple(broadcast_labels(m, out) for m in metas)
     out_labels = tuple(dims("d", o.ndim) if o.shape == out.shape else tuple(None for _ in o.shape) for o in outs)
-    return DimRule(in_labels, out_labels, linear=linear and len(metas) == 1, follower=True,
+    lin = (linear and len(metas) == 1) or (joint and len(metas) >= 2)
+    return DimRule(in_labels, out_labels, linear=lin, follower=True,
                    leader=deepest(node, graph) if metas else 0, flops=float(out.numel) * len(metas))
 
 
@@ -43,3 +53,8 @@ def linear_elementwise(node: Node, graph: Graph) -> DimRule:
 @register(*NONLINEAR)
 def nonlinear_elementwise(node: Node, graph: Graph) -> DimRule:
     return elementwise_rule(node, graph)
+
+
+@register(*SUM)
+def sum_elementwise(node: Node, graph: Graph) -> DimRule:
+    return elementwise_rule(node, graph, joint=True)

@@ -2,7 +2,9 @@
 
 Forward ``(weight [V, H], ids [...]) -> [..., H]``: split ids -> split rows; split V
 -> masked lookup with Partial output; split H -> split last dim. Backward
-``(grad [..., H], ids, V) -> [V, H]``: split ids leave a Partial gradient.
+``(grad [..., H], ids, V) -> [V, H]``: split ids leave a Partial gradient; it is
+linear in ``grad``, so a Partial ``grad`` (a position embedding's, summed over a split
+batch) passes through as a Partial weight gradient, reduced once with the others.
 """
 from __future__ import annotations
 
@@ -23,4 +25,5 @@ def embedding(node: Node, graph: Graph) -> DimRule:
 def embedding_backward(node: Node, graph: Graph) -> DimRule:
     grad, ids = ins(node, graph)[:2]
     b = dims("b", ids.ndim)
-    return DimRule((b + ("h",), b), (("v", "h"),), frozenset(b), flops=float(grad.numel))
+    return DimRule((b + ("h",), b), (("v", "h"),), frozenset(b), flops=float(grad.numel),
+                   passthrough=frozenset({0}))
