@@ -2,7 +2,7 @@
 
 ``nonzero`` (and ``torch.where(cond)``, ``argwhere``), ``masked_select`` and indexing
 with a boolean mask (``x[mask]``) need the mask's values to know their output
-shape. Like torch_xla, the device reads the mask back (``sync`` of what it needs,
+shape (``unique`` runs on the host copy of its input). Like torch_xla, the device reads the mask back (``sync`` of what it needs,
 counted in ``transfers_to_host``), finds the indices on the host, and continues
 lazily with integer indices. Inside ``xla_dtensor.compile`` such a read makes the
 function run lazily (a ``DataDependentWarning``). Assigning through a boolean mask
@@ -104,7 +104,17 @@ def _masked_select(op: Any, args: tuple, kwargs: dict) -> Any:
     return _index(aten.index.Tensor, (x, [m]), {})
 
 
+def _on_host(op: Any, args: tuple, kwargs: dict) -> Any:
+    """``op`` run by torch on the host copy of its input; results back on the device (``unique``)."""
+    x = args[0]
+    res = op(to_cpu(x), *args[1:], **kwargs)
+    return tuple(r.to(x.device) for r in res) if isinstance(res, (tuple, list)) else res.to(x.device)
+
+
 SPECIAL.update({
+    aten._unique2.default: _on_host,
+    aten.unique_dim.default: _on_host,
+    aten.unique_consecutive.default: _on_host,
     aten.nonzero.default: _nonzero,
     aten.index.Tensor: _index,
     aten.index_put_.default: _index_put,

@@ -31,6 +31,10 @@ READS = {
     "argwhere": lambda x: torch.argwhere(x < 0),
     "masked_select_broadcast": lambda x: torch.masked_select(x, x[0] > 0),
     "mask_none_true": lambda x: x[x > 100],
+    "unique_counts": lambda x: torch.cat(torch.unique((x * 2).round(), return_inverse=True, return_counts=True)[0:3:2]),
+    "unique_inverse": lambda x: torch.unique((x * 2).round(), return_inverse=True)[1],
+    "unique_consecutive": lambda x: torch.unique_consecutive((x > 0).long().flatten()),
+    "unique_dim": lambda x: torch.unique((x > 0).long(), dim=0),
 }
 
 
