@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import re
 import warnings
 
 import pytest
 import torch
+from torch import nn
 
+import autoshard
 import xla_dtensor
 import xla_dtensor.spmd as xs
 from benchmarks.models.vit import ViT, ViTConfig, make_batch
@@ -21,9 +24,9 @@ from xla_dtensor.auto import step_roles
 from xla_dtensor.auto.ir_graph import graph_from_ir_with_nodes
 from xla_dtensor.core.ir import GETITEM
 
-# NOTE: on this model and mesh the cpu-preset plan computes the classifier's weight gradient
-# split on its hidden dim and gathers it once; left to itself XLA ran AdamW on the split
-# gradient and gathered the weight and both moments instead (3 all-gathers of its shape).
+# NOTE: a real model end to end. Before the gradient constraint and the shape-only *_like rule,
+# the cpu-preset plan on this mesh split the classifier's weight gradient on its hidden dim and
+# XLA ran AdamW on the split gradient, gathering the weight and both moments back (3 all-gathers).
 CFG = ViTConfig(image_size=16, patch_size=4, dim=64, n_layers=1, n_heads=2, mlp_dim=128, num_classes=16)
 STEPS = 3
 
@@ -68,11 +71,67 @@ def test_optimizer_state_is_never_gathered(vit_run):
     plan, hlo = vit_run["plan"], vit_run["hlo"]
     replicated = collections.Counter(tuple(p.shape) for n, p in vit_run["model"].named_parameters()
                                      if all(s == "R" for s in plan.placements[n]))
-    gathered = collections.Counter(tuple(int(d) for d in m.group(1).split(",") if d)
-                                   for m in re.finditer(r"= f32\[([\d,]*)\]\S* all-gather\(", hlo))
+    gathered = _gathers(hlo)
     assert replicated
     for shape, n in replicated.items():
         assert gathered[shape] <= n, (shape, gathered[shape], n)
+
+
+def _gathers(hlo):
+    return collections.Counter(tuple(int(d) for d in m.group(1).split(",") if d)
+                               for m in re.finditer(r"= f32\[([\d,]*)\]\S* all-gather\(", hlo))
+
+
+class _XW(nn.Module):
+    """``(x @ w).square().mean()``: ``w``'s gradient is one matmul, ``x.t() @ dy``, in ``w``'s shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 32) * 0.1)
+
+    def forward(self, x):
+        return (x @ self.w).square().mean()
+
+
+def test_gradient_is_held_to_the_parameter_layout_against_a_split_activation(dev, monkeypatch):
+    """A plan that computes ``w``'s gradient matmul split on its columns but keeps ``w`` replicated
+    (the solver picks such plans when gathering the gradient is cheap): the optimizer still runs
+    replicated, so no all-gather of ``w``'s shape (the parameter's or a moment's) is left."""
+    real, edited = autoshard.solve, []
+
+    def solve(graph, *args, **kwargs):
+        plan = real(graph, *args, **kwargs)
+        wid = next(n.id for n in graph.nodes if n.name == "w")
+        grad = graph.nodes[graph.grads[wid][0]]
+        assert grad.op == "aten.mm.default" and all(p == "R" for p in plan.placements["w"])
+        edited.append(grad.name)
+        return dataclasses.replace(plan, activations={**plan.activations, grad.name: ("R", ("S", 1))})
+
+    monkeypatch.setattr(autoshard, "solve", solve)
+    torch.manual_seed(0)
+    model = _XW()
+    xs_ = [torch.randn(8, 16) for _ in range(STEPS)]
+    ref_model, ref = copy.deepcopy(model), []
+    opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-2)
+    for x in xs_:
+        loss = ref_model(x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ref.append(loss.item())
+    auto = xs.distribute_module(model, Mesh(range(8), (2, 4), ("data", "model")),
+                                partition_fn=xs.AutoPolicy(topology="cpu", cache_dir=False))
+    opt, got = torch.optim.AdamW(auto.parameters(), lr=1e-2), []
+    for x in xs_:
+        loss = auto(x.to(dev))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        xla_dtensor.sync()
+        got.append(loss.item())
+    assert edited
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=0)
+    assert _gathers(xs.last_compiled_hlo())[(16, 32)] == 0
 
 
 def test_multi_output_ops_map_each_output_to_its_getitem(dev):
