@@ -42,6 +42,8 @@ class DimRule:
     keeps a ``Partial`` value ``Partial`` (those inputs ``P``, the others replicated, the
     outputs ``P``), so the reduction can wait for a later, cheaper place.
     ``follower``: one strategy per strategy of input ``leader``. ``flops``: global flops.
+    ``shape_only``: the op reads only its leader's shape (``ones_like``): a ``Partial``
+    leader is taken as it is (no reduction) and the output is replicated on that axis.
     """
 
     inputs: tuple[tuple[Label, ...], ...]
@@ -53,6 +55,7 @@ class DimRule:
     leader: int = 0
     flops: float = 0.0
     passthrough: frozenset[int] = frozenset()
+    shape_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,5 +164,10 @@ def follow_strategies(rule: DimRule, leader_specs: Sequence[Spec], in_metas: Seq
             trial = kept[:a] + [label] + kept[a + 1:]
             if label is None or _valid(rule, tuple(trial), metas, axis_sizes):
                 kept = trial
-        result.append(_strategy(rule, tuple(kept), axis_sizes))
+        strat = _strategy(rule, tuple(kept), axis_sizes)
+        if rule.shape_only and "P" in spec:
+            ins = list(strat.in_specs)
+            ins[rule.leader] = tuple("P" if p == "P" else q for p, q in zip(spec, ins[rule.leader]))
+            strat = Strategy(strat.name, tuple(ins), strat.out_specs, strat.split)
+        result.append(strat)
     return result

@@ -5,9 +5,11 @@ Ops that are linear in a single tensor operand (negation, scaling, copies) pass 
 in all operands jointly: a ``Partial`` leader makes every operand ``Partial`` and the sum
 stays ``Partial``, so two partial gradients (a tied embedding's lookup and projection
 parts, say) are reduced once, after the sum. The rest need a ``Partial`` leader reduced
-first (an edge cost).
+first (an edge cost), except ``*_like`` ops, which read only a shape.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 from autoshard.graph import Graph, Node
 from autoshard.strategies._util import broadcast_labels, deepest, dims, ins
@@ -23,9 +25,10 @@ NONLINEAR = ("aten.add", "aten.sub", "aten.mul.Tensor", "aten.div.Tensor", "aten
              "aten.silu_backward", "aten.tanh_backward", "aten.sigmoid_backward", "aten.reciprocal",
              "aten.lerp", "aten.addcmul", "aten.addcdiv", "aten.maximum", "aten.minimum", "aten.eq",
              "aten.ne", "aten.lt", "aten.gt", "aten.le", "aten.ge", "aten.logical_not", "aten.erf",
-             "aten.ones_like", "aten.zeros_like", "aten.full_like", "aten.empty_like", "aten.fill",
+             "aten.fill",
              "aten.add_", "aten.mul_", "aten.copy_", "aten.sub_", "aten.div_",
              "aten.cos", "aten.sin", "aten.fill_")
+LIKE = ("aten.ones_like", "aten.zeros_like", "aten.full_like", "aten.empty_like")  # read only a shape
 SUM = ("aten.add.Tensor", "aten.sub.Tensor")  # overloads: their packets (add.Scalar, add_) stay NONLINEAR
 
 
@@ -53,6 +56,12 @@ def linear_elementwise(node: Node, graph: Graph) -> DimRule:
 @register(*NONLINEAR)
 def nonlinear_elementwise(node: Node, graph: Graph) -> DimRule:
     return elementwise_rule(node, graph)
+
+
+@register(*LIKE)
+def like_elementwise(node: Node, graph: Graph) -> DimRule:
+    """``ones_like(x)``: follows ``x``'s splits; a ``Partial`` ``x`` needs no reduction (values unread)."""
+    return replace(elementwise_rule(node, graph), shape_only=True)
 
 
 @register(*SUM)

@@ -152,3 +152,15 @@ def test_a_position_embedding_gradient_is_reduced_after_its_backward():
     beta = 1 / 1.8e9
     assert comm == pytest.approx(2 * beta * 7 / 8 * S * H * 4, rel=1e-9)
     assert chosen[4].in_specs[0] == ("P",) and chosen[4].out_specs == (("P",),)
+
+
+@pytest.mark.parametrize("op,fn", [("aten.ones_like.default", jnp.ones_like), ("aten.full_like.default",
+                                                                               lambda t: jnp.full_like(t, 3.0))])
+def test_a_like_op_reads_a_partial_leader_without_reducing_it(op, fn):
+    """``ones_like(loss)`` of a Partial loss needs no all-reduce: only the shape is read."""
+    x = _r(8, 16)
+    leaders = [("P", "P"), ("P", ("S", 0)), (("S", 1), "P"), ("R", "R")]
+    strategies = _follower(op, [x], leaders, args=(None, 3.0) if "full" in op else ())
+    assert [st.in_specs[0] for st in strategies] == leaders  # the leader as it is: no reshard edge
+    assert [st.out_specs[0] for st in strategies] == [("R", "R"), ("R", ("S", 0)), (("S", 1), "R"), ("R", "R")]
+    assert check_op(strategies, [x], [np.asarray(fn(x))], lambda st, p: [fn(p)]) == 4

@@ -98,10 +98,12 @@ def graph_from_ir(storages: Sequence[Storage] | None = None, *, params: Mapping[
 
 def graph_from_ir_with_nodes(storages: Sequence[Storage] | None = None, *, params: Mapping[Any, str],
                              opt_state: Mapping[Any, tuple[str, str] | str] | None = None,
-                             inputs: Mapping[Any, str] | None = None, name: str = "graph") -> tuple[Graph, dict[int, Node]]:
-    """:func:`graph_from_ir` and, per single-output op node of the graph, the IR node it was built from.
+                             inputs: Mapping[Any, str] | None = None, name: str = "graph") -> tuple[Graph, dict[Ref, Node]]:
+    """:func:`graph_from_ir` and, per op output ``(node id, output index)`` of the graph, the IR node holding it.
 
-    Plans are read back onto the IR through this map (the AUTO policy's activation constraints).
+    A single-output op's output maps to the IR op node, a multi-output op's outputs to
+    the IR ``getitem`` nodes that read them. Plans are read back onto the IR through this
+    map (the AUTO policy's activation and gradient constraints).
     """
     b = _Builder(storages, params, opt_state or {}, inputs, None, name)
     return b.build(), b.ir_of
@@ -161,7 +163,7 @@ class _Builder:
         self.redirect: dict[tuple[int, int], Ref] = {}   # (id(consumer), input index) -> placeholder
         self.group_of: dict[int, int] = {}
         self.groups: list[list[int]] = []
-        self.ir_of: dict[int, Node] = {}          # graph node id -> the IR node (single-output ops)
+        self.ir_of: dict[Ref, Node] = {}          # graph op output -> the IR node holding it
 
     # -- placeholders ---------------------------------------------------------------------------
     def _placeholders(self) -> list[Node]:
@@ -247,14 +249,15 @@ class _Builder:
     def _convert(self, n: Node) -> None:
         if n.op == GETITEM:
             v, i = self.env[id(n.inputs[0])], n.key[1]
-            self.env[id(n)] = v[i] if isinstance(v, list) else (v, i) if isinstance(v, int) else (v[0], i)
+            ref = self.env[id(n)] = v[i] if isinstance(v, list) else (v, i) if isinstance(v, int) else (v[0], i)
+            self.ir_of.setdefault(ref, n)
         elif n.op == "convert":
             src, shape = self._ref(n, 0), tuple(n.key[3])
             op, args = ("aten._to_copy.default", (None,)) if tuple(n.key[1]) == shape else \
                 ("aten.expand.default", (None, shape))
             nid = self.g.add(op, (src,), (_meta((shape, n.key[4])),), args)
             self.env[id(n)] = (nid, 0)
-            self.ir_of[nid] = n
+            self.ir_of[(nid, 0)] = n
         elif n.op == "view_scatter":
             old = self._ref(n, 0)
             nid = self.g.add("view_scatter", (old, self._ref(n, 1)), (_meta(A.out_metas(n)[0]),))
@@ -271,7 +274,7 @@ class _Builder:
         nid = self.g.add(str(n.op), tuple(r for _, r in ins), metas, A.plain_args(n))
         self.env[id(n)] = (nid, 0) if len(metas) == 1 else nid
         if len(metas) == 1:
-            self.ir_of[nid] = n
+            self.ir_of[(nid, 0)] = n
         if op_info(n.op).mutated:
             n_ret = A.entry(n).n_ret
             for j, t in enumerate(A.targets(n)):

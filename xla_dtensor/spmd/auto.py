@@ -315,20 +315,37 @@ def _constrain_activations(pending: list[Storage], pend: set[Storage]) -> None:
             scope.table.apply(roots)
 
 
-def _activation_shardings(scope: _Scope, plan: Any, graph: Any, ir_of: dict[int, Any]) -> dict[int, Any]:
-    """``id(IR node) -> NamedSharding`` for the plan's (non-Partial, evenly divisible) activation layouts."""
+def _activation_shardings(scope: _Scope, plan: Any, graph: Any, ir_of: dict[tuple[int, int], Any]) -> dict[int, Any]:
+    """``id(IR node) -> NamedSharding`` for the plan's layouts the IR should be held to.
+
+    * every decision op's (first) output, in the plan's layout (non-Partial, evenly
+      divisible ones; a multi-output op's through the IR ``getitem`` reading it);
+    * every parameter's gradient, in the parameter's layout: the one the optimizer
+      reads it in. Without it XLA may keep a Partial gradient scattered, run the
+      optimizer on shards and gather the parameter and each state slot back (three
+      all-gathers where the plan costed one reduction).
+    """
+    out: dict[int, Any] = {}
+    for (nid, idx), n in ir_of.items():
+        gnode = graph.nodes[nid]
+        spec = plan.activations.get(gnode.name) if idx == 0 else None
+        if spec is not None:
+            _put(out, scope, n, spec, gnode.out.shape)
+    for pid, ref in graph.grads.items():
+        n, spec = ir_of.get(ref), plan.placements.get(graph.nodes[pid].name)
+        if n is not None and spec is not None:
+            _put(out, scope, n, spec, graph.nodes[ref[0]].outputs[ref[1]].shape)
+    return out
+
+
+def _put(out: dict[int, Any], scope: _Scope, n: Any, spec: tuple, shape: tuple[int, ...]) -> None:
     from xla_dtensor.spmd import layout as L
 
-    out: dict[int, Any] = {}
-    for nid, n in ir_of.items():
-        gnode = graph.nodes[nid]
-        spec = plan.activations.get(gnode.name)
-        if spec is None or "P" in spec or gnode.out.ndim == 0:
-            continue
-        sspec = _from_autoshard(scope.mesh, spec, gnode.out.ndim)
-        if L.is_even(sspec, gnode.out.shape):
-            out[id(n)] = L.named(sspec)
-    return out
+    if "P" in spec or not shape:
+        return
+    sspec = _from_autoshard(scope.mesh, spec, len(shape))
+    if L.is_even(sspec, shape):
+        out[id(n)] = L.named(sspec)
 
 
 def _plan_scope(scope: _Scope, params: list[tuple[str, torch.Tensor]], pending: list[Storage]) -> None:
