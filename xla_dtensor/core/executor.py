@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import warnings
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
 import numpy as np
@@ -75,26 +75,20 @@ def lower(plan: Plan, donate_idx: tuple[int, ...] = (), order: list[int] | None 
     return jax.jit(program, donate_argnums=donate_idx).lower(*_arguments(plan, order))
 
 
-def arg_order(leaves: list[Node], donate: set[int], partners: list[int | None] | None) -> list[int]:
+def arg_order(n_leaves: int, donated: set[int], partners: Iterable[int | None]) -> list[int]:
     """Leaf positions in argument order: kept leaves, then donated ones in their outputs' order.
 
-    ``partners[k]``: ``id()`` of the leaf whose buffer output ``k`` overwrites (its
-    storage's value before the write), or None.
+    ``partners[k]``: the position of the leaf whose buffer output ``k`` overwrites (its
+    storage's value before the write), or None / -1.
     NOTE: ``jax.jit`` aliases each output to the first unused donated argument of the same
     shape and dtype. In graph order, parameter A's buffer went to parameter B's update
     and XLA copied nearly every state tensor in and out (133 copies in a 2-layer GPT-2
     step); with each output's own buffer first in line, only what XLA needs is copied.
     """
-    at = {id(n): i for i, n in enumerate(leaves)}
-    paired: list[int] = []
-    seen: set[int] = set()
-    for leaf_id in partners or ():
-        i = at.get(leaf_id) if leaf_id is not None and leaf_id in donate else None
-        if i is not None and i not in seen:
-            paired.append(i)
-            seen.add(i)
-    kept = [i for i, n in enumerate(leaves) if id(n) not in donate]
-    return kept + paired + [i for i, n in enumerate(leaves) if id(n) in donate and i not in seen]
+    paired = list(dict.fromkeys(p for p in partners if p in donated))
+    seen = set(paired)
+    kept = [i for i in range(n_leaves) if i not in donated]
+    return kept + paired + [i for i in sorted(donated) if i not in seen]
 
 
 def _arguments(plan: Plan, order: list[int] | None) -> list[Any]:
@@ -166,10 +160,11 @@ def execute(roots: list[Node], donate: set[int] | None = None, partners: list[in
     """
     plan = _plan(roots)
     order, donate_idx = None, ()
-    if donate and config.donate:
-        order = arg_order(plan.leaves, donate, partners)
-        n_kept = sum(1 for n in plan.leaves if id(n) not in donate)
-        donate_idx = tuple(range(n_kept, len(order)))
+    donated = {i for i, n in enumerate(plan.leaves) if id(n) in donate} if donate and config.donate else set()
+    if donated:
+        at = {id(n): i for i, n in enumerate(plan.leaves)}
+        order = arg_order(len(plan.leaves), donated, [at.get(p) for p in partners or ()])
+        donate_idx = tuple(range(len(order) - len(donated), len(order)))
     key = (plan.struct, tuple(plan.outs), donate_idx, tuple(order) if order is not None else None)
     compiled = lookup(key)
     if compiled is None:

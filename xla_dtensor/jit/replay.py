@@ -13,6 +13,7 @@ import jax
 from torch.utils import _pytree as pytree
 
 from xla_dtensor import metrics
+from xla_dtensor.core import executor
 from xla_dtensor.jit.capture import Capture, _host_array
 from xla_dtensor.core.ir import DATA, Node, data_leaf
 from xla_dtensor.core.tensor import new_tensor
@@ -136,18 +137,12 @@ def baked_constants(cap: Capture) -> dict[int, Any]:
 def arg_order(cap: Capture) -> list[int]:
     """The leaves passed to the program (all but the baked constants), in argument order.
 
-    Donated leaves come last, in the order of the state outputs that overwrite them.
-    NOTE: ``jax.jit`` aliases each output to the first unused donated input of the same
-    shape and dtype; with the leaves in graph order, parameter A's buffer was handed to
-    parameter B's update and XLA copied ~every state tensor in and out (169 copies in a
-    2-layer GPT-2 step instead of 18).
+    Donated leaves come last, in the order of the state outputs that overwrite them
+    (:func:`xla_dtensor.core.executor.arg_order` says why).
     """
     baked = baked_constants(cap)
-    donated = set(cap.donate)
-    first = [i for i in range(len(cap.leaves)) if i not in baked and i not in donated]
-    paired = [i for i in cap.state_leaf if i in donated]
-    seen = set(paired)
-    return first + paired + [i for i in cap.donate if i not in seen]
+    order = executor.arg_order(len(cap.leaves), set(cap.donate), cap.state_leaf)
+    return [i for i in order if i not in baked]
 
 
 def first_inputs(cap: Capture) -> list:
