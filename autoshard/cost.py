@@ -6,6 +6,13 @@
   ``S -> R`` all-gather; ``S(d) -> S(e)`` all-to-all; ``P -> R`` all-reduce;
   ``P -> S`` reduce-scatter. Bytes are the tensor's size divided by the splits on
   the other mesh axes;
+* a tensor dim split over several mesh axes is split in mesh order (the first axis
+  major), as the partition spec realizes it. A device keeps its shard of such a dim
+  only while the axes that stay are a *prefix* of both orders: from ``S(0)S(0)``
+  (dim 0 over (data, model)) to ``RS(0)`` (over model) the model axis, though placed
+  alike, must be gathered too (XLA gathers the whole dim and slices it), and from
+  ``RS(0)`` to ``S(0)S(0)`` the model shard is not a slice of what the device holds
+  (gathered, then sliced; XLA moves it by a collective-permute, charged the same);
 * elementwise followers are fused by XLA into their neighbours: they are charged
   their flops only, not an unfused pass over memory (which would over-reward sharding
   the optimizer update and activations on bandwidth-poor presets);
@@ -51,6 +58,7 @@ def _reshard(src: Spec, dst: Spec, nbytes: int, topo: Topology) -> float:
     if src == dst:
         return 0.0
     sizes = topo.axis_sizes
+    src = _unkept(src, dst)
     groups: dict[tuple, list[int]] = {}
     for a, (s, d) in enumerate(zip(src, dst)):
         kind = _transition(s, d)
@@ -69,10 +77,33 @@ def _reshard(src: Spec, dst: Spec, nbytes: int, topo: Topology) -> float:
     return total
 
 
+def _unkept(src: Spec, dst: Spec) -> Spec:
+    """``src`` with every shard that ``dst`` does not keep in place marked ``("G", dim)``.
+
+    Per tensor dim, the axes splitting it in mesh order; only the common prefix of the
+    source's and the destination's lists stays local, the source's later axes are
+    gathered (see module docstring).
+    """
+    dims = {p[1] for p in src if is_shard(p)}
+    out = list(src)
+    for k in dims:
+        s_axes = [a for a, p in enumerate(src) if p == ("S", k)]
+        d_axes = [a for a, p in enumerate(dst) if p == ("S", k)]
+        keep = 0
+        while keep < min(len(s_axes), len(d_axes)) and s_axes[keep] == d_axes[keep]:
+            keep += 1
+        for a in s_axes[keep:]:
+            if dst[a] == src[a]:
+                out[a] = ("G", k)
+    return tuple(out)
+
+
 def _transition(s: object, d: object) -> str | None:
     """The collective turning placement ``s`` into ``d`` along one mesh axis (None: local)."""
     if s == d or (s == "R" and (d == "P" or is_shard(d))):
         return None
+    if isinstance(s, tuple) and s[0] == "G":  # a shard kept in place that must be re-laid: gather, re-slice
+        return "all_gather"
     if s == "P":
         return "all_reduce" if d == "R" else "reduce_scatter"
     if d in ("R", "P"):  # S -> P: gathered, see module docstring
