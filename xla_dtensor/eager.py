@@ -24,7 +24,7 @@ from torch.optim import optimizer as _torch_optimizer
 from xla_dtensor import metrics
 from xla_dtensor.core import dispatch as _dispatch_mod
 from xla_dtensor.core import executor
-from xla_dtensor.core.ir import data_leaf
+from xla_dtensor.core.ir import GETITEM, data_leaf
 from xla_dtensor.core.signature import op_info
 from xla_dtensor.core.tensor import LazyTensor
 from xla_dtensor.debug import analysis as _analysis
@@ -55,6 +55,40 @@ def _collect(x: Any, out: dict) -> None:
             _collect(v, out)
 
 
+_FLAT: dict[tuple, Any] = {}  # one-node program key -> executable (see _flat_key)
+_FLAT_MAX = 4096
+
+
+def _flat_key(roots: list[Any]) -> tuple | None:
+    """A cheap exact key when ``roots`` are one node (or its outputs) over distinct leaves, else None.
+
+    Such a program's plan is fixed by the node's structural hash (which covers its
+    inputs' metadata and shardings), the outputs taken and the shardings: the leaves are
+    the node's inputs in order. The foreach optimizer ops (one node over ~40-150
+    parameters and state tensors) and ops on materialized tensors take this path.
+    """
+    r0 = roots[0]
+    if r0.op == GETITEM:
+        node = r0.inputs[0]
+        idx = []
+        for r in roots:
+            if r.op != GETITEM or r.inputs[0] is not node or r.sharding is not None:
+                return None
+            idx.append(r.key[1])
+        taken: tuple | None = tuple(idx)
+    elif len(roots) == 1:
+        node, taken = r0, None
+    else:
+        return None
+    inputs = node.inputs
+    for x in inputs:
+        if x.fn is not None:
+            return None
+    if len({id(x) for x in inputs}) != len(inputs):
+        return None
+    return (node.hash, taken, node.sharding, len(inputs))
+
+
 def _run(roots: list[Any]) -> list[Any]:
     """Compute ``roots`` now: the cached one-op program's executable, called directly.
 
@@ -64,12 +98,27 @@ def _run(roots: list[Any]) -> list[Any]:
     """
     if _analysis.ENABLED[0]:
         return executor.execute(roots)
+    flat = _flat_key(roots)
+    if flat is not None:
+        compiled = _FLAT.get(flat)
+        if compiled is not None:
+            metrics._COUNTS["cache_hits"] += 1
+            metrics._COUNTS["executions"] += 1
+            node = roots[0].inputs[0] if flat[1] is not None else roots[0]
+            return compiled(*[n.data for n in node.inputs])
     plan = executor._plan(roots)
-    compiled = executor.lookup((plan.struct, tuple(plan.outs), (), None))
+    key = (plan.struct, tuple(plan.outs), (), None)
+    compiled = executor.lookup(key)
     if compiled is None:
-        return executor.execute(roots)
-    out = compiled(*[n.data for n in plan.leaves])
-    metrics._COUNTS["executions"] += 1
+        out = executor.execute(roots)
+        compiled = executor.cached(key)
+    else:
+        out = compiled(*[n.data for n in plan.leaves])
+        metrics._COUNTS["executions"] += 1
+    if flat is not None and compiled is not None:
+        if len(_FLAT) >= _FLAT_MAX:
+            _FLAT.clear()
+        _FLAT[flat] = compiled
     return out
 
 

@@ -138,6 +138,11 @@ def lookup(key: Any) -> Any:
     return compiled
 
 
+def cached(key: Any) -> Any:
+    """The cached executable for ``key`` or ``None``, without counting a hit or touching the LRU order."""
+    return _CACHE.get(key)
+
+
 def store(key: Any, compiled: Any) -> None:
     """Cache a freshly compiled executable (counted as a compile); evict beyond ``config.cache_size``."""
     metrics._COUNTS["compiles"] += 1

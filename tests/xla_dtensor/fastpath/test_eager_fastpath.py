@@ -60,3 +60,40 @@ def test_plan_lays_out_nodes_in_topological_order_with_shared_inputs(dev):
     assert [id(n) for n in plan.leaves] == [id(n) for n in plan.order if n.fn is None]
     xla_dtensor.sync()
     torch.testing.assert_close(d.cpu(), ((a.cpu().exp() + a.cpu()) * a.cpu().exp()).sum())
+
+
+def test_eager_same_op_with_shared_and_distinct_inputs(dev):
+    torch.manual_seed(1)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    xd, yd = x.to(dev), y.to(dev)
+    xla_dtensor.eager_mode(True)
+    try:
+        got = []
+        for _ in range(2):  # the second round runs from the cached programs
+            got.append(((xd + xd).cpu(), (xd + yd).cpu(), (yd + xd).cpu(), torch.addcmul(xd, yd, xd).cpu()))
+    finally:
+        xla_dtensor.eager_mode(False)
+    ref = (x + x, x + y, y + x, torch.addcmul(x, y, x))
+    for round_ in got:
+        for a, r in zip(round_, ref):
+            torch.testing.assert_close(a, r)
+
+
+def test_eager_foreach_step_twice_matches_cpu(dev):
+    torch.manual_seed(2)
+    ps = [torch.randn(5), torch.randn(2, 3), torch.randn(4)]
+    gs = [torch.randn_like(p) for p in ps]
+    pd = [p.to(dev) for p in ps]
+    gd = [g.to(dev) for g in gs]
+    xla_dtensor.eager_mode(True)
+    try:
+        for _ in range(2):
+            torch._foreach_mul_(pd, 0.9)
+            torch._foreach_addcmul_(pd, gd, pd, value=0.5)
+    finally:
+        xla_dtensor.eager_mode(False)
+    for _ in range(2):
+        torch._foreach_mul_(ps, 0.9)
+        torch._foreach_addcmul_(ps, gs, ps, value=0.5)
+    for a, r in zip(pd, ps):
+        torch.testing.assert_close(a.cpu(), r)
