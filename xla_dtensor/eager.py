@@ -59,12 +59,12 @@ _FLAT: dict[tuple, Any] = {}  # one-node program key -> executable (see _flat_ke
 _FLAT_MAX = 4096
 
 
-def _flat_key(roots: list[Any]) -> tuple | None:
-    """A cheap exact key when ``roots`` are one node (or its outputs) over distinct leaves, else None.
+def _flat_key(roots: list[Any]) -> tuple[tuple, Any] | None:
+    """(a cheap exact key, the leaves) when ``roots`` are one node (or its outputs) over leaves, else None.
 
     Such a program's plan is fixed by the node's structural hash (which covers its
     inputs' metadata and shardings), the outputs taken and the shardings: the leaves are
-    the node's inputs in order. The foreach optimizer ops (one node over ~40-150
+    the node's inputs in order, each once. The foreach optimizer ops (one node over ~40-150
     parameters and state tensors) and ops on materialized tensors take this path.
     """
     r0 = roots[0]
@@ -84,9 +84,12 @@ def _flat_key(roots: list[Any]) -> tuple | None:
     for x in inputs:
         if x.fn is not None:
             return None
-    if len({id(x) for x in inputs}) != len(inputs):
-        return None
-    return (node.hash, taken, node.sharding, len(inputs))
+    if len({id(x) for x in inputs}) == len(inputs):
+        return (node.hash, taken, node.sharding, len(inputs)), inputs
+    # a leaf used twice (``addcmul(v, g, g)``): the wiring is part of the key, each leaf passed once
+    first: dict[int, int] = {}
+    wiring = tuple([first.setdefault(id(x), len(first)) for x in inputs])
+    return (node.hash, taken, node.sharding, wiring), list({id(x): x for x in inputs}.values())
 
 
 def _run(roots: list[Any]) -> list[Any]:
@@ -100,12 +103,11 @@ def _run(roots: list[Any]) -> list[Any]:
         return executor.execute(roots)
     flat = _flat_key(roots)
     if flat is not None:
-        compiled = _FLAT.get(flat)
+        compiled = _FLAT.get(flat[0])
         if compiled is not None:
             metrics._COUNTS["cache_hits"] += 1
             metrics._COUNTS["executions"] += 1
-            node = roots[0].inputs[0] if flat[1] is not None else roots[0]
-            return compiled(*[n.data for n in node.inputs])
+            return compiled(*[n.data for n in flat[1]])
     plan = executor._plan(roots)
     key = (plan.struct, tuple(plan.outs), (), None)
     compiled = executor.lookup(key)
@@ -118,7 +120,7 @@ def _run(roots: list[Any]) -> list[Any]:
     if flat is not None and compiled is not None:
         if len(_FLAT) >= _FLAT_MAX:
             _FLAT.clear()
-        _FLAT[flat] = compiled
+        _FLAT[flat[0]] = compiled
     return out
 
 
