@@ -24,6 +24,7 @@ from torch.optim import optimizer as _torch_optimizer
 from xla_dtensor import metrics
 from xla_dtensor.core import dispatch as _dispatch_mod
 from xla_dtensor.core import executor
+from xla_dtensor.core import sdpa as _sdpa
 from xla_dtensor.core.ir import GETITEM, data_leaf
 from xla_dtensor.core.signature import op_info
 from xla_dtensor.core.tensor import LazyTensor
@@ -42,6 +43,12 @@ _REAL = _dispatch_mod.dispatch
 if LazyTensor not in _torch_optimizer._foreach_supported_types:
     _torch_optimizer._foreach_supported_types.append(LazyTensor)
 _SUSPENDED = [0]
+
+
+def _routing() -> bool:
+    return _dispatch_mod.dispatch is _eager_dispatch and not _SUSPENDED[0]
+
+
 metrics._COUNTS.setdefault("eager_ops", 0)
 
 
@@ -148,6 +155,9 @@ def _eager_dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
 
 def _seq(s: Any) -> int:
     return s.seq
+
+
+_sdpa.WHEN[0] = _routing
 
 
 def eager_mode(enable: bool) -> None:

@@ -56,11 +56,10 @@ def graphs(dev):
     m = model.to(dev)
     xla_dtensor.sync()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.01, foreach=True)
-    with sdpa_kernel(SDPBackend.MATH):  # the same attention decomposition as the FX trace (jax picks flash otherwise)
-        first, first_explicit, _ = _lazy_step(m, opt, idx, tgt, dev)  # optimizer state created inside the step
-        xla_dtensor.sync()
-        second, second_explicit, _ = _lazy_step(m, opt, idx, tgt, dev)  # state held as device data
-        xla_dtensor.sync()
+    first, first_explicit, _ = _lazy_step(m, opt, idx, tgt, dev)  # optimizer state created inside the step
+    xla_dtensor.sync()
+    second, second_explicit, _ = _lazy_step(m, opt, idx, tgt, dev)  # state held as device data
+    xla_dtensor.sync()
     names = [n for n, _ in m.named_parameters()]
     return fx, {"first": (first, first_explicit), "second": (second, second_explicit)}, names
 
