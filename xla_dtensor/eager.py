@@ -22,6 +22,7 @@ from typing import Any, Iterator
 from torch.optim import optimizer as _torch_optimizer
 
 from xla_dtensor import metrics
+from xla_dtensor.config import config
 from xla_dtensor.core import dispatch as _dispatch_mod
 from xla_dtensor.core import executor
 from xla_dtensor.core import sdpa as _sdpa
@@ -62,8 +63,7 @@ def _collect(x: Any, out: dict) -> None:
             _collect(v, out)
 
 
-_FLAT: dict[tuple, Any] = {}  # one-node program key -> executable (see _flat_key)
-_FLAT_MAX = 4096
+_FLAT: dict[tuple, Any] = {}  # one-node program key -> executable (see _flat_key); at most config.cache_size
 
 
 def _flat_key(roots: list[Any]) -> tuple[tuple, Any] | None:
@@ -125,7 +125,7 @@ def _run(roots: list[Any]) -> list[Any]:
         out = compiled(*[n.data for n in plan.leaves])
         metrics._COUNTS["executions"] += 1
     if flat is not None and compiled is not None:
-        if len(_FLAT) >= _FLAT_MAX:
+        if len(_FLAT) >= config.cache_size:
             _FLAT.clear()
         _FLAT[flat[0]] = compiled
     return out
