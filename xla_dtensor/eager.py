@@ -73,6 +73,8 @@ def _flat_key(roots: list[Any]) -> tuple[tuple, Any] | None:
     inputs' metadata and shardings), the outputs taken and the shardings: the leaves are
     the node's inputs in order, each once. The foreach optimizer ops (one node over ~40-150
     parameters and state tensors) and ops on materialized tensors take this path.
+    NOTE: like the executor's own cache key (a tuple of node hashes), this trusts 64-bit
+    structural hashes not to collide.
     """
     r0 = roots[0]
     if r0.op == GETITEM:
