@@ -19,7 +19,10 @@ on growing model sizes.
 Prints medians and ratios; saves ``benchmarks/results/trace_overhead.png``. A
 benchmark, not a test.
 
-Usage: PYTHONPATH=. python benchmarks/trace_overhead.py [--n 2000] [--reps 7] [--skip-ops]
+Usage: PYTHONPATH=. python benchmarks/trace_overhead.py [--n 2000] [--reps 7] [--skip-ops] [--eager-only]
+
+``--eager-only``: just compile mode and eager mode on the 2-layer model (host ms, CPU ms,
+step ms, eager ops per step) and the eager-vs-compile size table; prints, saves nothing.
 """
 from __future__ import annotations
 
@@ -356,12 +359,46 @@ def bench_eager_sizes(reps: int, sizes: tuple = EAGER_SIZES) -> list[tuple[tuple
     return out
 
 
+def _eager_only(reps: int) -> None:
+    """Compile mode vs eager mode on the default model, then the size table (``--eager-only``)."""
+    from xla_dtensor import metrics
+    dev = xla_dtensor.device()
+    torch.manual_seed(0)
+    base = GPT2(_cfg())
+    d = torch.randint(0, 128, (4, 32)).to(dev)
+    mc, me = copy.deepcopy(base).to(dev), copy.deepcopy(base).to(dev)
+    oc, oe = torch.optim.AdamW(mc.parameters(), lr=1e-3), torch.optim.AdamW(me.parameters(), lr=1e-3)
+    cstep = xla_dtensor.compile(_train_step)
+    res = {"compile": _time_mode(lambda: cstep(mc, oc, d, d), max(reps, 10))}
+    xla_dtensor.eager_mode(True)
+    try:
+        res["eager"] = _time_mode(lambda: _train_step(me, oe, d, d), max(reps, 10))
+        before = metrics.snapshot()
+        _train_step(me, oe, d, d)
+        n_ops = metrics.diff(before)["eager_ops"]
+    finally:
+        xla_dtensor.eager_mode(False)
+    print("GPT-2 train step (2 layers, n_embd 64, batch 4x32, AdamW), medians")
+    print(f"{'mode':<10}{'host ms/step':>13}{'host CPU ms':>12}{'step ms':>9}")
+    for k, (h, cpu, st) in res.items():
+        print(f"{k:<10}{h:>13.3f}{cpu:>12.3f}{st:>9.3f}")
+    print(f"eager ops/step {n_ops}; eager throughput vs compile (back to back) "
+          f"{res['compile'][2] / res['eager'][2]:.2f}")
+    print(f"{'n_embd x seq x batch':<22}{'compile ms':>11}{'eager ms':>10}{'eager throughput vs compile':>29}")
+    for (e, t, b), c, ea in bench_eager_sizes(reps):
+        print(f"{f'{e} x {t} x {b}':<22}{c:>11.2f}{ea:>10.2f}{c / ea:>29.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--skip-ops", action="store_true", help="only the per-mode GPT-2 step tables")
+    ap.add_argument("--eager-only", action="store_true", help="only compile vs eager mode; prints, saves nothing")
     a = ap.parse_args()
+    if a.eager_only:
+        _eager_only(max(a.reps, 5))
+        return
     out_lines: list[str] = []
 
     def say(text: str = "") -> None:  # printed, and kept for results/trace_overhead.md

@@ -22,11 +22,14 @@ from typing import Any, Iterator
 from torch.optim import optimizer as _torch_optimizer
 
 from xla_dtensor import metrics
+from xla_dtensor.config import config
 from xla_dtensor.core import dispatch as _dispatch_mod
 from xla_dtensor.core import executor
-from xla_dtensor.core.ir import data_leaf
+from xla_dtensor.core import sdpa as _sdpa
+from xla_dtensor.core.ir import GETITEM, data_leaf
 from xla_dtensor.core.signature import op_info
 from xla_dtensor.core.tensor import LazyTensor
+from xla_dtensor.debug import analysis as _analysis
 from xla_dtensor.debug import metrics_report as timing
 
 __all__ = ["eager_mode", "is_eager", "suspended"]
@@ -41,6 +44,12 @@ _REAL = _dispatch_mod.dispatch
 if LazyTensor not in _torch_optimizer._foreach_supported_types:
     _torch_optimizer._foreach_supported_types.append(LazyTensor)
 _SUSPENDED = [0]
+
+
+def _routing() -> bool:
+    return _dispatch_mod.dispatch is _eager_dispatch and not _SUSPENDED[0]
+
+
 metrics._COUNTS.setdefault("eager_ops", 0)
 
 
@@ -54,6 +63,76 @@ def _collect(x: Any, out: dict) -> None:
             _collect(v, out)
 
 
+_FLAT: dict[tuple, Any] = {}  # one-node program key -> executable (see _flat_key); at most config.cache_size
+
+
+def _flat_key(roots: list[Any]) -> tuple[tuple, Any] | None:
+    """(a cheap exact key, the leaves) when ``roots`` are one node (or its outputs) over leaves, else None.
+
+    Such a program's plan is fixed by the node's structural hash (which covers its
+    inputs' metadata and shardings), the outputs taken and the shardings: the leaves are
+    the node's inputs in order, each once. The foreach optimizer ops (one node over ~40-150
+    parameters and state tensors) and ops on materialized tensors take this path.
+    NOTE: like the executor's own cache key (a tuple of node hashes), this trusts 64-bit
+    structural hashes not to collide.
+    """
+    r0 = roots[0]
+    if r0.op == GETITEM:
+        node = r0.inputs[0]
+        idx = []
+        for r in roots:
+            if r.op != GETITEM or r.inputs[0] is not node or r.sharding is not None:
+                return None
+            idx.append(r.key[1])
+        taken: tuple | None = tuple(idx)
+    elif len(roots) == 1:
+        node, taken = r0, None
+    else:
+        return None
+    inputs = node.inputs
+    for x in inputs:
+        if x.fn is not None:
+            return None
+    if len({id(x) for x in inputs}) == len(inputs):
+        return (node.hash, taken, node.sharding, len(inputs)), inputs
+    # a leaf used twice (``addcmul(v, g, g)``): the wiring is part of the key, each leaf passed once
+    first: dict[int, int] = {}
+    wiring = tuple([first.setdefault(id(x), len(first)) for x in inputs])
+    return (node.hash, taken, node.sharding, wiring), list({id(x): x for x in inputs}.values())
+
+
+def _run(roots: list[Any]) -> list[Any]:
+    """Compute ``roots`` now: the cached one-op program's executable, called directly.
+
+    NOTE: the same plan and cache key as ``executor.execute`` (no donation), without its
+    debug wrapper on a cache hit; a miss, or debugging on, takes the full path, which
+    compiles and explains.
+    """
+    if _analysis.ENABLED[0]:
+        return executor.execute(roots)
+    flat = _flat_key(roots)
+    if flat is not None:
+        compiled = _FLAT.get(flat[0])
+        if compiled is not None:
+            metrics._COUNTS["cache_hits"] += 1
+            metrics._COUNTS["executions"] += 1
+            return compiled(*[n.data for n in flat[1]])
+    plan = executor._plan(roots)
+    key = (plan.struct, tuple(plan.outs), (), None)
+    compiled = executor.lookup(key)
+    if compiled is None:
+        out = executor.execute(roots)
+        compiled = executor.cached(key)
+    else:
+        out = compiled(*[n.data for n in plan.leaves])
+        metrics._COUNTS["executions"] += 1
+    if flat is not None and compiled is not None:
+        if len(_FLAT) >= config.cache_size:
+            _FLAT.clear()
+        _FLAT[flat[0]] = compiled
+    return out
+
+
 def _eager_dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
     res = _REAL(op, args, kwargs)
     if _SUSPENDED[0]:
@@ -64,14 +143,23 @@ def _eager_dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
     for pos, name in op_info(op).mutated:
         _collect(args[pos] if pos is not None and pos < len(args) else kwargs.get(name), todo)
     if todo:
-        storages = sorted(todo.values(), key=lambda s: s.seq)
-        arrays = executor.execute([s.value for s in storages])
+        storages = list(todo.values())
+        if len(storages) > 1:
+            storages.sort(key=_seq)
+        arrays = _run([s.value for s in storages])
         for s, arr in zip(storages, arrays):
             s.value = data_leaf(arr, s.meta[0], s.meta[1])
             s.version += 1
     metrics._COUNTS["eager_ops"] += 1
     timing.record("eager_op", time.perf_counter() - t0)
     return res
+
+
+def _seq(s: Any) -> int:
+    return s.seq
+
+
+_sdpa.WHEN[0] = _routing
 
 
 def eager_mode(enable: bool) -> None:

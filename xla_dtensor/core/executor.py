@@ -43,22 +43,43 @@ class Plan(NamedTuple):
 
 
 def _plan(roots: list[Node]) -> Plan:
-    order = topo_order(roots)
-    pos = {id(n): i for i, n in enumerate(order)}
-    struct, leaves, fns, wiring, shardings = [], [], [], [], []
-    for n in order:
-        if n.fn is None:
-            leaves.append(n)
-            struct.append(n.hash)
-            fns.append(None)
-            wiring.append(())
-            shardings.append(None)
-        else:
-            w = tuple([pos[id(x)] for x in n.inputs])
-            struct.append((n.hash, w) if n.sharding is None else (n.hash, w, n.sharding))
-            fns.append(n.fn)
-            wiring.append(w)
-            shardings.append(n.sharding)
+    # NOTE: one iterative walk (ir.topo_order's DFS) that lays out each node as it is
+    # finished; eager mode plans one small program per op, so this is on its hot path.
+    pos: dict[int, int] = {}
+    order: list[Node] = []
+    struct: list[Any] = []
+    leaves, fns, wiring, shardings = [], [], [], []
+    for root in roots:
+        if id(root) in pos:
+            continue
+        stack: list[tuple[Node, int]] = [(root, 0)]
+        pos[id(root)] = -1  # entered, not finished
+        while stack:
+            node, i = stack.pop()
+            inputs = node.inputs
+            n_in = len(inputs)
+            while i < n_in and id(inputs[i]) in pos:
+                i += 1
+            if i < n_in:
+                stack.append((node, i + 1))
+                pos[id(inputs[i])] = -1
+                stack.append((inputs[i], 0))
+                continue
+            pos[id(node)] = len(order)
+            order.append(node)
+            if node.fn is None:
+                leaves.append(node)
+                struct.append(node.hash)
+                fns.append(None)
+                wiring.append(())
+                shardings.append(None)
+            else:
+                w = tuple([pos[id(x)] for x in inputs])
+                sh = node.sharding
+                struct.append((node.hash, w) if sh is None else (node.hash, w, sh))
+                fns.append(node.fn)
+                wiring.append(w)
+                shardings.append(sh)
     outs = [pos[id(r)] for r in roots]
     return Plan(tuple(struct), order, leaves, fns, wiring, shardings, outs)
 
@@ -115,6 +136,11 @@ def lookup(key: Any) -> Any:
         metrics._COUNTS["cache_hits"] += 1
         _CACHE.move_to_end(key)
     return compiled
+
+
+def cached(key: Any) -> Any:
+    """The cached executable for ``key`` or ``None``, without counting a hit or touching the LRU order."""
+    return _CACHE.get(key)
 
 
 def store(key: Any, compiled: Any) -> None:
