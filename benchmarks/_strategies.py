@@ -105,11 +105,11 @@ def step_flops(model: Model) -> float:
     return float(sum(r.flops for r in model.rules))
 
 
-def modelled(model: Model, specs: dict[str, Spec]) -> tuple[float, float, bool]:
-    """(modelled step seconds, peak bytes per device, fits the budget) of ``specs`` on ``model``.
+def completed(model: Model, specs: dict[str, Spec]) -> list[int]:
+    """Strategy index of every node of ``model`` with its placeholders pinned to ``specs``.
 
-    Placeholders are pinned to ``specs``; activations are completed greedily by the
-    cost model (:func:`autoshard.baselines.complete`), as the built-in baselines are.
+    Activations are completed by the cost model (:func:`autoshard.baselines.complete`),
+    as the built-in baselines are.
     """
     folded = fold_ties(model.problem, model.ties)
     pinned: dict[int, int] = {}
@@ -120,7 +120,12 @@ def modelled(model: Model, specs: dict[str, Spec]) -> tuple[float, float, bool]:
             if idx is None:
                 raise ValueError(f"{node.name}: spec {specs[node.name]} is not among its strategies")
             pinned[folded.group_of[node.id]] = idx
-    cost, ok, peak = evaluate(model.problem, folded.expand(complete(folded, pinned)))
+    return folded.expand(complete(folded, pinned))
+
+
+def modelled(model: Model, specs: dict[str, Spec]) -> tuple[float, float, bool]:
+    """(modelled step seconds, peak bytes per device, fits the budget) of ``specs`` on ``model``."""
+    cost, ok, peak = evaluate(model.problem, completed(model, specs))
     return cost, peak, ok
 
 

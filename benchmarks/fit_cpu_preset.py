@@ -44,12 +44,10 @@ import numpy as np
 from scipy.optimize import nnls
 
 from autoshard.api import axis_kinds
-from autoshard.baselines import complete
 from autoshard.build import build_model
 from autoshard.evaluate import evaluate
-from autoshard.fold import fold_ties
 from benchmarks._cases import MODELS, virtual_meshes
-from benchmarks._strategies import MANUAL, manual_specs
+from benchmarks._strategies import MANUAL, completed, manual_specs
 from benchmarks.auto_vs_manual import _trace
 from mesh import Link, topology_for
 from mesh.topology import DeviceSpec
@@ -77,18 +75,14 @@ def features(measured: dict[tuple[str, str, str], float]) -> list[dict]:
             graph = graph or _trace(case, case.batch_size)
             topo = topology_for(m, "cpu")
             model = build_model(graph, topo, float(topo.device.memory_bytes))
-            folded = fold_ties(model.problem, model.ties)
             probes = {t: build_model(graph, _probe(topo, *_PROBES[t])).problem for t in TERMS}
             for strat in MANUAL:
                 specs = manual_specs(graph, strat, tuple(topo.axis_sizes), axis_kinds(m, topo), case.tp)
                 if specs is None or (case.name, where, strat) not in measured:
                     continue
-                pinned = {folded.group_of[n.id]: next(i for i, s in enumerate(model.strategies[n.id])
-                                                      if s.out_specs[0] == specs[n.name])
-                          for n in graph.nodes if n.op == "placeholder" and n.name in specs}
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    full = folded.expand(complete(folded, pinned))
+                    full = completed(model, specs)
                 row = dict(model=case.name, where=where, strategy=strat,
                            seconds=measured[(case.name, where, strat)] * 1e-3)
                 row.update({t: evaluate(probes[t], full)[0] for t in TERMS})
