@@ -17,6 +17,7 @@ Example:
 """
 from __future__ import annotations
 
+import random
 import re
 import statistics
 import time
@@ -158,14 +159,20 @@ def time_interleaved(executables: dict[str, Any], reps: int, warmup: int = 1) ->
     """Seconds per call of each executable, timed round-robin (one call of each per round).
 
     On a shared, noisy machine a slow spell then hits every layout of the round alike,
-    so ratios between them are paired rather than taken minutes apart.
+    so ratios between them are paired rather than taken minutes apart. Each round runs
+    them in a new order (seeded shuffle): a call's time depends on the program run before
+    it (whose working set is in the caches), and a fixed order gave each layout the same
+    predecessor every round (two identical programs measured 1-2% apart).
     """
     import jax
 
     layouts = {k: (jax.tree.leaves(c.args_info), jax.tree.leaves(c.input_shardings)) for k, c in executables.items()}
     times: dict[str, list[float]] = {k: [] for k in executables}
+    names, rng = list(executables), random.Random(0)
     for r in range(warmup + reps):
-        for k, c in executables.items():
+        rng.shuffle(names)
+        for k in names:
+            c = executables[k]
             infos, shardings = layouts[k]
             args = jax.block_until_ready([jax.device_put(np.zeros(i._aval.shape, i._aval.dtype), s)
                                           for i, s in zip(infos, shardings)])

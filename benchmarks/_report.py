@@ -79,7 +79,7 @@ def summary_table(rows: list[dict]) -> str:
               f"manual one in {sum(ok_m)}/{len(ok_m)} cases; AUTO's measured step within 10% of the best manual "
               f"one in {sum(ok_x)}/{len(ok_x)} cases; AUTO within the memory budget in {sum(fits)}/{len(fits)}. "
               "Measured: median of the compiled step on 8 virtual CPU devices sharing 2 cores (noisy), each case's "
-              "strategies timed round-robin so load drift hits them alike; "
+              "strategies timed round-robin (a new order each round) so load drift hits them alike; "
               "modelled: autoshard's cost model (virtual meshes: the `cpu` preset, which AUTO plans for)."]
     return "\n".join(lines)
 

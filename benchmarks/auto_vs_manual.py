@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--update-readme", action="store_true",
                     help="only splice results/auto_vs_manual_summary.md into README.md and exit")
     ap.add_argument("--steps", type=int, default=5, help="timed lazy steps after warm-up")
-    ap.add_argument("--reps", type=int, default=7, help="timed calls of the compiled step")
+    ap.add_argument("--reps", type=int, default=15, help="timed calls of the compiled step")
     ap.add_argument("--models", nargs="*", default=None, help=f"subset of {[c.name for c in MODELS]}")
     ap.add_argument("--only", default=None, metavar="MODEL[,MESH]",
                     help="one model, and optionally one mesh or modelled system (e.g. gpt2-2L-128,4x2)")
