@@ -23,6 +23,7 @@ from mesh import Mesh
 from xla_dtensor.auto import step_roles
 from xla_dtensor.auto.ir_graph import graph_from_ir_with_nodes
 from xla_dtensor.core.ir import GETITEM
+from tests._train import train
 
 # NOTE: a real model end to end. Before the gradient constraint and the shape-only *_like rule,
 # the cpu-preset plan on this mesh split the classifier's weight gradient on its hidden dim and
@@ -33,17 +34,9 @@ STEPS = 3
 
 def _train(model, batch, dev=None):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses = []
-    for _ in range(STEPS):
-        b = [t.to(dev) for t in batch] if dev is not None else batch
-        loss = model(*b)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if dev is not None:
-            xla_dtensor.sync()
-        losses.append(loss.item())
-    return losses
+    on_dev = dev is not None
+    return train(model, [batch] * STEPS, opt, put=(lambda t: t.to(dev)) if on_dev else None,
+                 sync=xla_dtensor.sync if on_dev else None)
 
 
 @pytest.fixture(scope="module")

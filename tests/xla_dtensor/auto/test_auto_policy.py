@@ -24,6 +24,7 @@ import xla_dtensor.spmd as xs
 from benchmarks.models.gpt2 import GPT2, GPT2Config
 from xla_dtensor import metrics
 from xla_dtensor.sharding import HloSharding, ShardingSpec
+from tests._train import train
 
 STEPS = 10
 CFG = GPT2Config(vocab=128, n_positions=16, n_embd=64, n_layer=2, n_head=4)
@@ -45,20 +46,14 @@ def _gpt2():
 
 def _train(model, batches, dev=None, record=None):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for idx, tgt in batches:
-        if dev is not None:
-            idx, tgt = idx.to(dev), tgt.to(dev)
-        loss = model(idx, tgt)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if dev is not None:
-            before = metrics.snapshot()
-            xla_dtensor.sync()
-            if record is not None:
-                record.append((metrics.diff(before)["compiles"], xs.auto_stats()["solves"]))
-        losses.append(loss.item())
+
+    def sync():
+        before = metrics.snapshot()
+        xla_dtensor.sync()
+        if record is not None:
+            record.append((metrics.diff(before)["compiles"], xs.auto_stats()["solves"]))
+    on_dev = dev is not None
+    losses = train(model, batches, opt, put=(lambda t: t.to(dev)) if on_dev else None, sync=sync if on_dev else None)
     return losses, opt
 
 
@@ -216,18 +211,9 @@ def _tiny_batches(n=2):
 
 def _tiny_train(model, dev=None, n=2):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    out = []
-    for x, y in _tiny_batches(n):
-        if dev is not None:
-            x, y = x.to(dev), y.to(dev)
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if dev is not None:
-            xla_dtensor.sync()
-        out.append(loss.item())
-    return out
+    on_dev = dev is not None
+    return train(model, _tiny_batches(n), opt, put=(lambda t: t.to(dev)) if on_dev else None,
+                 sync=xla_dtensor.sync if on_dev else None)
 
 
 def test_auto_on_an_already_distributed_module_raises():

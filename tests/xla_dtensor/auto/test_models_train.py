@@ -12,6 +12,7 @@ import xla_dtensor
 from benchmarks.models import llama, mlp, vit
 from mesh import Mesh, topology_for
 from xla_dtensor.auto import graph_from_ir, step_roles
+from tests._train import train
 
 CASES = {
     "llama": (llama, llama.Llama, llama.LlamaConfig(vocab=64, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
@@ -25,21 +26,14 @@ CASES = {
 
 def _train(model, batches, dev=None, graph_out=None):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    losses = []
-    for step, batch in enumerate(batches):
-        if dev is not None:
-            batch = [b.to(dev) for b in batch]
-        loss = model(*batch)
-        loss.backward()
-        opt.step()
+
+    def capture(step):
         if graph_out is not None and step == 1:
             params, state = step_roles(model, opt)
             graph_out.append(graph_from_ir(params=params, opt_state=state))
-        opt.zero_grad()
-        if dev is not None:
-            xla_dtensor.sync()
-        losses.append(loss.item())
-    return losses
+    on_dev = dev is not None
+    return train(model, batches, opt, put=(lambda t: t.to(dev)) if on_dev else None, after_step=capture,
+                 sync=xla_dtensor.sync if on_dev else None)
 
 
 @pytest.mark.parametrize("name", list(CASES))

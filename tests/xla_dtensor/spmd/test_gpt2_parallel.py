@@ -14,6 +14,7 @@ import xla_dtensor
 import xla_dtensor.spmd as xs
 from benchmarks.models import GPT2, GPT2Config
 from xla_dtensor.fsdp import shard_model
+from tests._train import train
 
 STEPS = 10
 COLWISE = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.c_fc")
@@ -34,18 +35,7 @@ def setup():
 
 def _train(model, batches, shard_batch=None):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for idx, tgt in batches:
-        if shard_batch is not None:
-            idx, tgt = shard_batch(idx), shard_batch(tgt)
-        loss = model(idx, tgt)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if shard_batch is not None:
-            xla_dtensor.sync()
-        losses.append(loss.item())
-    return losses
+    return train(model, batches, opt, put=shard_batch, sync=xla_dtensor.sync if shard_batch is not None else None)
 
 
 def _mesh():
