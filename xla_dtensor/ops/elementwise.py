@@ -123,29 +123,19 @@ def _logical_not(x: jax.Array) -> jax.Array:
     return jnp.logical_not(x)
 
 
-@lowering(aten.isnan.default)
-def _isnan(x: jax.Array) -> jax.Array:
-    return jnp.isnan(x) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.zeros(x.shape, jnp.bool_)
+def _float_test(fn: Callable[[jax.Array], jax.Array], kinds: Any = jnp.inexact,
+                otherwise: bool = False) -> Callable[[jax.Array], jax.Array]:
+    """A float predicate (``isnan``...): ``fn`` on ``kinds`` dtypes, constant ``otherwise`` on the rest."""
+    def lower(x: jax.Array) -> jax.Array:
+        return fn(x) if jnp.issubdtype(x.dtype, kinds) else jnp.full(x.shape, otherwise, jnp.bool_)
+    return lower
 
 
-@lowering(aten.isinf.default)
-def _isinf(x: jax.Array) -> jax.Array:
-    return jnp.isinf(x) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.zeros(x.shape, jnp.bool_)
-
-
-@lowering(aten.isfinite.default)
-def _isfinite(x: jax.Array) -> jax.Array:
-    return jnp.isfinite(x) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.ones(x.shape, jnp.bool_)
-
-
-@lowering(aten.isposinf.default)
-def _isposinf(x: jax.Array) -> jax.Array:
-    return jnp.isposinf(x) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.zeros(x.shape, jnp.bool_)
-
-
-@lowering(aten.isneginf.default)
-def _isneginf(x: jax.Array) -> jax.Array:
-    return jnp.isneginf(x) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.zeros(x.shape, jnp.bool_)
+lowering(aten.isnan.default)(_float_test(jnp.isnan))
+lowering(aten.isinf.default)(_float_test(jnp.isinf))
+lowering(aten.isfinite.default)(_float_test(jnp.isfinite, otherwise=True))
+lowering(aten.isposinf.default)(_float_test(jnp.isposinf, jnp.floating))
+lowering(aten.isneginf.default)(_float_test(jnp.isneginf, jnp.floating))
 
 
 @lowering(aten.signbit.default)

@@ -52,7 +52,8 @@ def test_predicates_and_bitwise() -> None:
     x = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), -0.0, 3.0])
     for name in ["isnan", "isinf", "isfinite", "isposinf", "isneginf", "signbit", "logical_not"]:
         check(getattr(aten, name).default, x)
-    check(aten.isnan.default, T(3, dtype=i64))
+    for name in ["isnan", "isinf", "isfinite", "isposinf", "isneginf"]:  # integers: a constant answer
+        check(getattr(aten, name).default, T(3, dtype=i64))
     check(aten.bitwise_not.default, T(3, 2, dtype=i64))
     check(aten.bitwise_not.default, T(3, 2, dtype=b))
     check(aten.nan_to_num.default, x)
