@@ -12,7 +12,7 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -102,22 +102,17 @@ def _scaled_add(name: str, bias: Any, prod: jax.Array, beta: Any, alpha: Any, dt
     return (out + b).astype(to_jax(dt))
 
 
-@lowering(aten.addmm.default)
-def _addmm(bias: jax.Array, a: jax.Array, b: jax.Array, *, beta: Any = 1, alpha: Any = 1) -> jax.Array:
-    _shape_check("addmm", a, b, (2, 2))
-    return _scaled_add("addmm", bias, matmul(a, b, "addmm", keep_acc=True), beta, alpha, torch_dtype(a))
+def _add_product(name: str, ranks: tuple[int, int]) -> Callable[..., jax.Array]:
+    """``beta * bias + alpha * (a @ b)`` for ``addmm`` / ``addmv`` / ``baddbmm`` (operand ``ranks``)."""
+    def lower(bias: jax.Array, a: jax.Array, b: jax.Array, *, beta: Any = 1, alpha: Any = 1) -> jax.Array:
+        _shape_check(name, a, b, ranks)
+        return _scaled_add(name, bias, matmul(a, b, name, keep_acc=True), beta, alpha, torch_dtype(a))
+    return lower
 
 
-@lowering(aten.addmv.default)
-def _addmv(bias: jax.Array, a: jax.Array, v: jax.Array, *, beta: Any = 1, alpha: Any = 1) -> jax.Array:
-    _shape_check("addmv", a, v, (2, 1))
-    return _scaled_add("addmv", bias, matmul(a, v, "addmv", keep_acc=True), beta, alpha, torch_dtype(a))
-
-
-@lowering(aten.baddbmm.default)
-def _baddbmm(bias: jax.Array, a: jax.Array, b: jax.Array, *, beta: Any = 1, alpha: Any = 1) -> jax.Array:
-    _shape_check("baddbmm", a, b, (3, 3))
-    return _scaled_add("baddbmm", bias, matmul(a, b, "baddbmm", keep_acc=True), beta, alpha, torch_dtype(a))
+_addmm = lowering(aten.addmm.default)(_add_product("addmm", (2, 2)))
+lowering(aten.addmv.default)(_add_product("addmv", (2, 1)))
+lowering(aten.baddbmm.default)(_add_product("baddbmm", (3, 3)))
 
 
 @lowering(aten.addbmm.default)

@@ -26,6 +26,9 @@ def test_matmul_family(dtype: torch.dtype) -> None:
     check(aten.addmv.default, T(3, dtype=dtype), a, T(4, dtype=dtype), tol=tol)
     check(aten.mm.default, T(0, 4, dtype=dtype), c)
     check(aten.mm.default, T(3, 0, dtype=dtype), T(0, 5, dtype=dtype))
+    if dtype.is_floating_point:
+        for gelu in (False, True):
+            check(aten._addmm_activation.default, T(5, dtype=dtype), a, c, beta=2, use_gelu=gelu, tol=tol)
 
 
 def test_addmm_ignores_nan_bias_when_beta_is_zero() -> None:
