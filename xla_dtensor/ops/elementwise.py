@@ -128,6 +128,7 @@ def _float_test(fn: Callable[[jax.Array], jax.Array], kinds: Any = jnp.inexact,
     """A float predicate (``isnan``...): ``fn`` on ``kinds`` dtypes, constant ``otherwise`` on the rest."""
     def lower(x: jax.Array) -> jax.Array:
         return fn(x) if jnp.issubdtype(x.dtype, kinds) else jnp.full(x.shape, otherwise, jnp.bool_)
+    lower.__name__ = f"_{fn.__name__}"
     return lower
 
 

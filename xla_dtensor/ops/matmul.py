@@ -107,6 +107,7 @@ def _add_product(name: str, ranks: tuple[int, int]) -> Callable[..., jax.Array]:
     def lower(bias: jax.Array, a: jax.Array, b: jax.Array, *, beta: Any = 1, alpha: Any = 1) -> jax.Array:
         _shape_check(name, a, b, ranks)
         return _scaled_add(name, bias, matmul(a, b, name, keep_acc=True), beta, alpha, torch_dtype(a))
+    lower.__name__ = f"_{name}"
     return lower
 
 
