@@ -19,8 +19,6 @@ import contextlib
 import time
 from typing import Any, Iterator
 
-from torch.optim import optimizer as _torch_optimizer
-
 from xla_dtensor import metrics
 from xla_dtensor.config import config
 from xla_dtensor.core import dispatch as _dispatch_mod
@@ -36,13 +34,6 @@ __all__ = ["eager_mode", "is_eager", "suspended"]
 
 _REAL = _dispatch_mod.dispatch
 
-# NOTE: torch's optimizers pick their multi-tensor (``_foreach_*``) implementation by default
-# only for tensor types in this list (torch.distributed.tensor adds DTensor the same way).
-# For the lazy device that is one recorded op per parameter list instead of one per
-# parameter: in eager mode each op is an executable call, so the default AdamW step makes
-# ~4x fewer calls (benchmarks/trace_overhead.py); lazy tracing records fewer ops too.
-if LazyTensor not in _torch_optimizer._foreach_supported_types:
-    _torch_optimizer._foreach_supported_types.append(LazyTensor)
 _SUSPENDED = [0]
 
 

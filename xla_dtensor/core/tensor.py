@@ -47,6 +47,10 @@ class LazyTensor(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _use_foreach_optimizers(cls)
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
         from xla_dtensor.core.dispatch import dispatch
@@ -95,6 +99,26 @@ class LazyTensor(torch.Tensor):
     def __reduce_ex__(self, proto: int) -> Any:
         from xla_dtensor.core.executor import to_cpu
         return (_rebuild_from_cpu, (to_cpu(self.detach()), self.requires_grad))
+
+
+def _use_foreach_optimizers(cls: type) -> None:
+    """Make torch's optimizers pick their multi-tensor (``_foreach_*``) implementation for ``cls``.
+
+    NOTE: they do so by default only for the exact types in this list (torch.distributed.tensor
+    adds DTensor the same way), so ``LazyTensor`` and each subclass (``XLAShardedTensor``)
+    is registered. For the lazy device that is one recorded op per parameter list instead
+    of one per parameter: in eager mode each op is an executable call, so the default
+    AdamW step makes ~4x fewer calls (benchmarks/trace_overhead.py), and a sharded
+    parameter's step records ~8x fewer ops with one scalar program input per
+    hyperparameter instead of one per parameter and hyperparameter.
+    """
+    from torch.optim import optimizer
+
+    if cls not in optimizer._foreach_supported_types:
+        optimizer._foreach_supported_types.append(cls)
+
+
+_use_foreach_optimizers(LazyTensor)
 
 
 def _rebuild_from_cpu(cpu: torch.Tensor, requires_grad: bool) -> torch.Tensor:

@@ -19,7 +19,6 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 import torch
-from torch.optim import optimizer as _torch_optimizer
 
 from mesh import Mesh
 from xla_dtensor.core.tensor import LazyTensor, new_tensor, value_of
@@ -185,14 +184,6 @@ class XLAShardedTensor(LazyTensor):
             layout = f"<unavailable: {type(e).__name__}>"
         return (f"XLAShardedTensor(shape={tuple(self.shape)}, dtype={self.dtype}, "
                 f"sharding={layout}, global_tensor={body})")
-
-
-# Like LazyTensor (xla_dtensor.eager): torch's optimizers pick the multi-tensor
-# (``_foreach_*``) implementation only for exact types in this list, so without it AUTO's
-# and ``distribute_tensor``'s parameters get the per-parameter loop: ~8x the recorded
-# optimizer ops and one scalar program input per parameter and hyperparameter.
-if XLAShardedTensor not in _torch_optimizer._foreach_supported_types:
-    _torch_optimizer._foreach_supported_types.append(XLAShardedTensor)
 
 
 def _to_torch(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
