@@ -384,9 +384,13 @@ def _eager_only(reps: int) -> None:
         print(f"{k:<10}{h:>13.3f}{cpu:>12.3f}{st:>9.3f}")
     print(f"eager ops/step {n_ops}; eager throughput vs compile (back to back) "
           f"{res['compile'][2] / res['eager'][2]:.2f}")
-    print(f"{'n_embd x seq x batch':<22}{'compile ms':>11}{'eager ms':>10}{'eager throughput vs compile':>29}")
-    for (e, t, b), c, ea in bench_eager_sizes(reps):
-        print(f"{f'{e} x {t} x {b}':<22}{c:>11.2f}{ea:>10.2f}{c / ea:>29.2f}")
+    print("\n".join(_size_table(bench_eager_sizes(reps))))
+
+
+def _size_table(sizes: list[tuple[tuple[int, int, int], float, float]]) -> list[str]:
+    """The lines of the eager-vs-compile table of :func:`bench_eager_sizes`' results."""
+    lines = [f"{'n_embd x seq x batch':<22}{'compile ms':>11}{'eager ms':>10}{'eager throughput vs compile':>29}"]
+    return lines + [f"{f'{e} x {t} x {b}':<22}{c:>11.2f}{ea:>10.2f}{c / ea:>29.2f}" for (e, t, b), c, ea in sizes]
 
 
 def main() -> None:
@@ -437,9 +441,8 @@ def main() -> None:
         f"machine, so little of the overlap shows as throughput)")
     sizes = bench_eager_sizes(max(a.reps, 5))
     say("\nEager vs compile mode by model size (GPT-2, 2 layers, AdamW; interleaved medians; losses equal)")
-    say(f"{'n_embd x seq x batch':<22}{'compile ms':>11}{'eager ms':>10}{'eager throughput vs compile':>29}")
-    for (e, t, b), c, ea in sizes:
-        say(f"{f'{e} x {t} x {b}':<22}{c:>11.2f}{ea:>10.2f}{c / ea:>29.2f}")
+    for line in _size_table(sizes):
+        say(line)
     say("\ntargets")
     say(f"  compile-mode host CPU <= 1 ms/step: 2 layers {modes['compile'][1]:.3f} ms, 3x ops "
         f"{modes['compile, 3x ops'][1]:.3f} ms, 6 layers {modes['compile (6 layers)'][1]:.3f} ms "
