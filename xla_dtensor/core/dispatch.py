@@ -100,8 +100,9 @@ def _inplace(op: Any, info: Any, entry: E.Entry, node: Any, args: tuple, kwargs:
     if total == 1 and not listed:
         write(targets[0], node)
     else:
+        kept = entry.kept
         for i, t in enumerate(targets):
-            if t is not None:
+            if t is not None and i not in kept:
                 write(t, getitem(node, n_ret + i))
     if info.n_returns == 0:
         return None

@@ -15,7 +15,7 @@ import torch
 from xla_dtensor import metrics
 from xla_dtensor.config import config
 from xla_dtensor.core.dtypes import to_jax
-from xla_dtensor.core.signature import OpInfo, fill, template
+from xla_dtensor.core.signature import OpInfo, Slot, fill, template
 from xla_dtensor.core.tensor import LazyTensor
 from xla_dtensor.ops.registry import get_lowering
 
@@ -29,7 +29,7 @@ class LoweringMismatchError(RuntimeError):
 class Entry:
     """Everything needed to record one (op, signature) on the hot path."""
 
-    __slots__ = ("op", "key", "h", "kind", "fn", "raw", "outs", "random", "step", "n_ret")
+    __slots__ = ("op", "key", "h", "kind", "fn", "raw", "outs", "random", "step", "n_ret", "kept")
 
     def __init__(self, op: Any, key: tuple, kind: str) -> None:
         self.op, self.key, self.h, self.kind = op, key, hash(key), kind
@@ -37,6 +37,7 @@ class Entry:
         self.raw: Callable[..., Any] | None = None
         self.outs: list[tuple | None] = []
         self.random, self.step, self.n_ret = False, None, 0
+        self.kept: frozenset[int] = frozenset()  # in-place targets the lowering returns unchanged
 
 
 def _is_random(op: Any) -> bool:
@@ -171,7 +172,32 @@ def build(op: Any, args: tuple, kwargs: dict, info: OpInfo, key: tuple, scalars:
     kind = INPLACE if info.mutated else (VIEW if info.view and len(abstract) == 1 else FN)
     e = Entry(op, key, kind)
     e.fn, e.raw, e.outs, e.random, e.n_ret = fn, raw, outs, random, n_ret
+    if kind is INPLACE and len(got_list) > 1:
+        e.kept = _unchanged(raw, abstract, n_ret, _target_slots(info, targs, tkwargs, shift))
     return e
+
+
+def _target_slots(info: OpInfo, targs: tuple, tkwargs: dict, shift: int) -> list[int | None]:
+    """For each in-place target, in write order, the index of its own value among the graph inputs."""
+    slots: list[int | None] = []
+    for pos, name in info.mutated:
+        t = targs[pos] if pos is not None and pos < len(targs) else tkwargs.get(name)
+        for x in (t if isinstance(t, list) else [t]):
+            slots.append(x.i + shift if isinstance(x, Slot) else None)
+    return slots
+
+
+def _unchanged(raw: Callable[..., Any], abstract: list, n_ret: int, slots: list[int | None]) -> frozenset[int]:
+    """The in-place targets whose new value is their own old value, returned as is by the lowering.
+
+    NOTE: a fused optimizer writes its gradient list back only when it unscales it
+    (``grad_scale``); without, the lowering returns the gradients themselves. Writing
+    such a value back would do nothing but turn a gradient that is a view (eager mode
+    folds views into their reader) into a scatter into its base on every step.
+    """
+    jaxpr = jax.make_jaxpr(raw)(*abstract).jaxpr
+    ins, outs = jaxpr.invars, jaxpr.outvars[n_ret:]
+    return frozenset(i for i, (v, j) in enumerate(zip(outs, slots)) if j is not None and v is ins[j])
 
 
 def _torch_dtype(d: Any) -> torch.dtype:
