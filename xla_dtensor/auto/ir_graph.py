@@ -38,6 +38,8 @@ from xla_dtensor.core.ir import DATA, GETITEM, PARAM, Node
 from xla_dtensor.core.signature import op_info
 from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
 
+FUSED_STEPS = ("aten._fused_adam_.", "aten._fused_adamw_.", "aten._fused_sgd_.", "aten._fused_adagrad_.")
+
 __all__ = ["graph_from_ir", "graph_from_ir_with_nodes", "pending_storages", "step_roles"]
 
 # ops that create a fresh tensor; as the base of an in-place chain they become a placeholder
@@ -265,6 +267,8 @@ class _Builder:
             self.env[id(n)] = (nid, 0)
         elif str(n.op).startswith("aten._foreach_"):
             self._foreach(n)
+        elif str(n.op).startswith(FUSED_STEPS):
+            self._fused_step(n)
         else:
             self._op(n)
 
@@ -293,6 +297,28 @@ class _Builder:
             for i, r in ins:
                 if i in mutated and slots[i].item == k:
                     self._new_version(r, (nid, 0))
+        self.env[id(n)] = refs
+
+    def _fused_step(self, n: Node) -> None:
+        """A fused optimizer step: one node per updated tensor, over its parameter's slice of the lists.
+
+        Output ``j`` updates the tensor at input ``targets[j]``; its node reads that tensor
+        first (the foreach rule follows the first operand), then the other tensors of the
+        same list index and the shared scalars (``grad_scale``). A target the step leaves
+        unchanged (gradients without ``grad_scale``) keeps its old reference.
+        """
+        slots, metas, kept, args = A.layout(n), A.out_metas(n), A.entry(n).kept, A.plain_args(n)
+        refs = []
+        for j, t in enumerate(A.targets(n)):
+            old = self._ref(n, t)
+            if j in kept:
+                refs.append(old)
+                continue
+            k = slots[t].item
+            ins = [old] + [r for i, r in self._tensor_inputs(n, k) if i != t]
+            nid = self.g.add(str(n.op), tuple(ins), (_meta(metas[j]),), args, name=f"{n.op}[{j}]")
+            refs.append((nid, 0))
+            self._new_version(old, (nid, 0))
         self.env[id(n)] = refs
 
     # -- roles ----------------------------------------------------------------------------------
