@@ -51,6 +51,25 @@ def test_compile_inside_eager_mode_compiles_the_whole_function(dev):
         xla_dtensor.eager_mode(False)
 
 
+def test_eager_mode_runs_backward_on_the_calling_thread_and_restores_the_setting(dev):
+    import threading
+    x = torch.randn(3, 4).to(dev).requires_grad_()
+    threads: list[str] = []
+    x.register_hook(lambda g: threads.append(threading.current_thread().name))
+    assert torch._C._is_multithreading_enabled()
+    xla_dtensor.eager_mode(True)
+    try:
+        xla_dtensor.eager_mode(True)  # twice on: still restores the setting from before the first
+        assert not torch._C._is_multithreading_enabled()
+        (x * 2).sum().backward()
+    finally:
+        xla_dtensor.eager_mode(False)
+    assert torch._C._is_multithreading_enabled()
+    (x * 2).sum().backward()
+    assert threads[0] == threading.current_thread().name != threads[1]
+    torch.testing.assert_close(x.grad.cpu(), torch.full((3, 4), 4.0))
+
+
 def test_eager_mode_rejects_non_bool():
     with pytest.raises(TypeError, match="expects a bool, got str"):
         xla_dtensor.eager_mode("yes")
