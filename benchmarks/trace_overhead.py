@@ -9,7 +9,7 @@ Modes: the same GPT-2 train step (forward, backward, AdamW) in lazy mode (retrac
 every step; also with a wait after each step, which shows how much execution the
 asynchronous dispatch hides under the next step's tracing), ``xla_dtensor.compile``
 (replayed; also with the blocks run 3 times over, 3x the ops with the same state, and
-on a 6-layer model), eager mode, ``torch.compile(backend="xla_dtensor")`` (a CPU
+on a 6-layer model), eager mode (also with ``AdamW(fused=True)``), ``torch.compile(backend="xla_dtensor")`` (a CPU
 model: dynamo cannot yet fakify jax-device tensors, so each step also copies
 parameters in and results out), and the same model written directly in JAX
 (``benchmarks/models/gpt2_jax.py``, weights copied) under ``jax.jit``, at 2 and 6
@@ -21,8 +21,9 @@ benchmark, not a test.
 
 Usage: PYTHONPATH=. python benchmarks/trace_overhead.py [--n 2000] [--reps 7] [--skip-ops] [--eager-only]
 
-``--eager-only``: just compile mode and eager mode on the 2-layer model (host ms, CPU ms,
-step ms, eager ops per step) and the eager-vs-compile size table; prints, saves nothing.
+``--eager-only``: just compile mode and eager mode (default and fused AdamW) on the 2-layer
+model (host ms, CPU ms, step ms, eager ops per step) and the eager-vs-compile size table;
+prints, saves nothing.
 """
 from __future__ import annotations
 
@@ -218,9 +219,12 @@ def bench_modes(reps: int) -> dict[str, tuple[float, float, float]]:
 
     me = copy.deepcopy(base).to(dev)
     opte = torch.optim.AdamW(me.parameters(), lr=1e-3)
+    mf = copy.deepcopy(base).to(dev)
+    optf = torch.optim.AdamW(mf.parameters(), lr=1e-3, fused=True)
     xla_dtensor.eager_mode(True)
     try:
         res["eager"] = _time_mode(lambda: _train_step(me, opte, d, d), reps)
+        res["eager, fused AdamW"] = _time_mode(lambda: _train_step(mf, optf, d, d), reps)
     finally:
         xla_dtensor.eager_mode(False)
 
@@ -316,12 +320,17 @@ def _fair_compare(cstep, jstep, reps: int, program_only) -> dict[str, float]:  #
 EAGER_SIZES = ((64, 32, 4), (128, 64, 8), (256, 128, 8))  # (n_embd, sequence, batch), 2 layers
 
 
-def bench_eager_sizes(reps: int, sizes: tuple = EAGER_SIZES) -> list[tuple[tuple[int, int, int], float, float]]:
-    """Eager vs compile mode as the model grows: ``[(size, compile ms, eager ms)]``, medians.
+Sizes = list[tuple[tuple[int, int, int], float, float, float]]
 
-    The two run interleaved step by step from the same weights, each timed to completion.
-    Eager mode pays a fixed host cost per op (one cached executable call each); it
-    matters less as each op's work grows.
+
+def bench_eager_sizes(reps: int, sizes: tuple = EAGER_SIZES) -> Sizes:
+    """Eager vs compile mode as the model grows: ``[(size, compile ms, eager ms, eager fused ms)]``, medians.
+
+    The three run interleaved step by step from the same weights, each timed to completion:
+    compile mode and eager mode with the default (multi-tensor) AdamW, and eager mode with
+    ``AdamW(fused=True)`` (one op per optimizer step instead of ~12). Eager mode pays a
+    fixed host cost per op (one cached executable call each); it matters less as each
+    op's work grows.
     """
     dev = xla_dtensor.device()
     out = []
@@ -329,68 +338,80 @@ def bench_eager_sizes(reps: int, sizes: tuple = EAGER_SIZES) -> list[tuple[tuple
         torch.manual_seed(0)
         base = GPT2(GPT2Config(vocab=256, n_positions=t, n_embd=e, n_layer=2, n_head=4))
         x, y = torch.randint(0, 256, (b, t)).to(dev), torch.randint(0, 256, (b, t)).to(dev)
-        mc, me = copy.deepcopy(base).to(dev), copy.deepcopy(base).to(dev)
+        mc, me, mf = (copy.deepcopy(base).to(dev) for _ in range(3))
         oc, oe = torch.optim.AdamW(mc.parameters(), lr=1e-3), torch.optim.AdamW(me.parameters(), lr=1e-3)
+        of = torch.optim.AdamW(mf.parameters(), lr=1e-3, fused=True)
         cstep = xla_dtensor.compile(_train_step)
 
-        def eager():  # noqa: ANN202
+        def eager(model: GPT2, opt: torch.optim.Optimizer) -> torch.Tensor:
             xla_dtensor.eager_mode(True)
             try:
-                return _train_step(me, oe, x, y)
+                return _train_step(model, opt, x, y)
             finally:
                 xla_dtensor.eager_mode(False)
         for _ in range(3):
             cstep(mc, oc, x, y)
-            eager()
+            eager(me, oe)
+            eager(mf, of)
         xla_dtensor.wait()
-        tc, te = [], []
+        tc, te, tf = [], [], []
         for _ in range(reps):
             t0 = time.perf_counter()
             cstep(mc, oc, x, y).item()
             t1 = time.perf_counter()
-            eager().item()
+            eager(me, oe).item()
             xla_dtensor.wait()
-            te.append((time.perf_counter() - t1) * 1e3)
+            t2 = time.perf_counter()
+            eager(mf, of).item()
+            xla_dtensor.wait()
+            tf.append((time.perf_counter() - t2) * 1e3)
+            te.append((t2 - t1) * 1e3)
             tc.append((t1 - t0) * 1e3)
-        lc, le = cstep(mc, oc, x, y).item(), eager().detach().item()
-        if abs(lc - le) > 1e-4 * max(1.0, abs(lc)):
-            raise AssertionError(f"eager and compile losses differ at size {(e, t, b)}: {le} vs {lc}")
-        out.append(((e, t, b), statistics.median(tc), statistics.median(te)))
+        lc, le, lf = cstep(mc, oc, x, y).item(), eager(me, oe).detach().item(), eager(mf, of).detach().item()
+        for name, got in (("eager", le), ("eager with fused AdamW", lf)):
+            if abs(lc - got) > 1e-4 * max(1.0, abs(lc)):
+                raise AssertionError(f"{name} and compile losses differ at size {(e, t, b)}: {got} vs {lc}")
+        out.append(((e, t, b), statistics.median(tc), statistics.median(te), statistics.median(tf)))
     return out
 
 
 def _eager_only(reps: int) -> None:
-    """Compile mode vs eager mode on the default model, then the size table (``--eager-only``)."""
+    """Compile mode vs eager mode (default and fused AdamW) on the default model, then the size
+    table (``--eager-only``)."""
     from xla_dtensor import metrics
     dev = xla_dtensor.device()
     torch.manual_seed(0)
     base = GPT2(_cfg())
     d = torch.randint(0, 128, (4, 32)).to(dev)
-    mc, me = copy.deepcopy(base).to(dev), copy.deepcopy(base).to(dev)
+    mc, me, mf = (copy.deepcopy(base).to(dev) for _ in range(3))
     oc, oe = torch.optim.AdamW(mc.parameters(), lr=1e-3), torch.optim.AdamW(me.parameters(), lr=1e-3)
+    of = torch.optim.AdamW(mf.parameters(), lr=1e-3, fused=True)
     cstep = xla_dtensor.compile(_train_step)
     res = {"compile": _time_mode(lambda: cstep(mc, oc, d, d), max(reps, 10))}
+    n_ops = {}
     xla_dtensor.eager_mode(True)
     try:
-        res["eager"] = _time_mode(lambda: _train_step(me, oe, d, d), max(reps, 10))
-        before = metrics.snapshot()
-        _train_step(me, oe, d, d)
-        n_ops = metrics.diff(before)["eager_ops"]
+        for name, m, o in (("eager", me, oe), ("eager, fused AdamW", mf, of)):
+            res[name] = _time_mode(lambda m=m, o=o: _train_step(m, o, d, d), max(reps, 10))
+            before = metrics.snapshot()
+            _train_step(m, o, d, d)
+            n_ops[name] = metrics.diff(before)["eager_ops"]
     finally:
         xla_dtensor.eager_mode(False)
     print("GPT-2 train step (2 layers, n_embd 64, batch 4x32, AdamW), medians")
-    print(f"{'mode':<10}{'host ms/step':>13}{'host CPU ms':>12}{'step ms':>9}")
+    print(f"{'mode':<20}{'host ms/step':>13}{'host CPU ms':>12}{'step ms':>9}{'eager ops':>10}"
+          f"{'throughput vs compile':>23}")
     for k, (h, cpu, st) in res.items():
-        print(f"{k:<10}{h:>13.3f}{cpu:>12.3f}{st:>9.3f}")
-    print(f"eager ops/step {n_ops}; eager throughput vs compile (back to back) "
-          f"{res['compile'][2] / res['eager'][2]:.2f}")
+        print(f"{k:<20}{h:>13.3f}{cpu:>12.3f}{st:>9.3f}{n_ops.get(k, 0):>10}{res['compile'][2] / st:>23.2f}")
     print("\n".join(_size_table(bench_eager_sizes(reps))))
 
 
-def _size_table(sizes: list[tuple[tuple[int, int, int], float, float]]) -> list[str]:
+def _size_table(sizes: Sizes) -> list[str]:
     """The lines of the eager-vs-compile table of :func:`bench_eager_sizes`' results."""
-    lines = [f"{'n_embd x seq x batch':<22}{'compile ms':>11}{'eager ms':>10}{'eager throughput vs compile':>29}"]
-    return lines + [f"{f'{e} x {t} x {b}':<22}{c:>11.2f}{ea:>10.2f}{c / ea:>29.2f}" for (e, t, b), c, ea in sizes]
+    lines = [f"{'n_embd x seq x batch':<22}{'compile ms':>11}{'eager ms':>10}{'eager fused ms':>16}"
+             f"{'eager throughput vs compile':>29}{'eager fused vs compile':>24}"]
+    return lines + [f"{f'{e} x {t} x {b}':<22}{c:>11.2f}{ea:>10.2f}{ef:>16.2f}{c / ea:>29.2f}{c / ef:>24.2f}"
+                    for (e, t, b), c, ea, ef in sizes]
 
 
 def main() -> None:
@@ -448,7 +469,8 @@ def main() -> None:
         f"{modes['compile, 3x ops'][1]:.3f} ms, 6 layers {modes['compile (6 layers)'][1]:.3f} ms "
         f"(pure JAX itself: {modes['pure JAX'][1]:.3f} / {modes['pure JAX (6 layers)'][1]:.3f} ms at 2 / 6 layers)")
     say(f"  compile-mode step <= 1.05x pure JAX: {FAIR['compile'] / FAIR['JAX']:.2f}x (interleaved)")
-    say(f"  eager >= 0.4x compile throughput: " + ", ".join(f"{e}x{t}x{b} {c / ea:.2f}" for (e, t, b), c, ea in sizes))
+    say("  eager >= 0.4x compile throughput: " + ", ".join(
+        f"{e}x{t}x{b} {c / ea:.2f} ({c / ef:.2f} with fused AdamW)" for (e, t, b), c, ea, ef in sizes))
     _plot(ops, modes, sizes)
     out = Path(__file__).resolve().parent / "results" / "trace_overhead.png"
     table = out.with_suffix(".md")
@@ -481,9 +503,9 @@ def _plot(ops: dict, modes: dict, sizes: list) -> None:
     ax[1].set_ylabel("ms / GPT-2 step (back to back)")
     for x in ax[:2]:
         x.tick_params(axis="x", rotation=40, labelsize=7)
-    labels = [f"{e}x{t}x{b}" for (e, t, b), _, _ in sizes]
-    ax[2].bar([i - 0.2 for i in range(len(sizes))], [c for _, c, _ in sizes], 0.4, label="compile")
-    ax[2].bar([i + 0.2 for i in range(len(sizes))], [ea for _, _, ea in sizes], 0.4, label="eager")
+    labels = [f"{e}x{t}x{b}" for (e, t, b), *_ in sizes]
+    for j, name in enumerate(("compile", "eager", "eager, fused AdamW")):
+        ax[2].bar([i + (j - 1) * 0.27 for i in range(len(sizes))], [row[1 + j] for row in sizes], 0.27, label=name)
     ax[2].set_xticks(range(len(sizes)), labels)
     ax[2].set_xlabel("n_embd x seq x batch")
     ax[2].set_ylabel("ms / step")
