@@ -146,8 +146,8 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
         s = ref()
         if s is not None and s.value is not old:
             n_mut[id(old)] = n_mut.get(id(old), 0) + 1
-    donate = tuple(i for i, n in enumerate(leaves)
-                   if sources[i][0] in ("arg", "cap") and n_mut.get(id(n), 0) == owners.get(id(n), -1))
+    donate = tuple(i for i, n in enumerate(leaves) if sources[i][0] in ("arg", "cap")
+                   and n_mut.get(id(n), 0) == owners.get(id(n), -1) and executor.donatable(n))
     leaf_at = {id(n): i for i, n in enumerate(leaves)}
     state_leaf = [leaf_at.get(id(old), -1) for ref, old in before.values()
                   if ref() is not None and ref().value is not old]
