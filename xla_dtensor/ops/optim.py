@@ -36,11 +36,16 @@ Groups = tuple[list[Any], ...]
 
 
 def _prepare(grad: Any, grad_scale: Any, maximize: bool) -> tuple[Any, Any]:
-    """(the gradient written back, the gradient the update uses), both in compute precision."""
+    """(the gradient written back, the gradient the update uses, in compute precision).
+
+    Without ``grad_scale`` the gradient written back is ``grad`` itself, so the lazy core
+    sees the target unchanged and writes nothing (see ``core.entries._unchanged``).
+    """
     ct = to_jax(compute_type(torch_dtype(grad)))
     g = grad.astype(ct)
-    if grad_scale is not None:
-        g = g / grad_scale.astype(ct)
+    if grad_scale is None:
+        return grad, -g if maximize else g
+    g = g / grad_scale.astype(ct)
     return g, -g if maximize else g
 
 

@@ -131,3 +131,12 @@ def test_unscaled_gradients_are_not_rewritten() -> None:
     copied = [t.to(DEV) for t in _lists(2, gen)]
     torch._foreach_copy_(copied, params)  # a target set to another input is a real write
     torch.testing.assert_close([c.cpu() for c in copied], [p.cpu() for p in params])
+
+
+def test_unscaled_bf16_gradients_are_not_rewritten_either() -> None:
+    gen = torch.Generator().manual_seed(4)
+    params, grads, m, v = ([t.to(DEV) for t in _lists(2, gen, torch.bfloat16)] for _ in range(4))
+    before = [g._storage.value for g in grads]
+    torch._fused_adam_(params, grads, m, v, [], [torch.tensor(1.0).to(DEV)] * 2, lr=1e-2, beta1=0.9,
+                       beta2=0.99, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=True)
+    assert all(g._storage.value is b for g, b in zip(grads, before))
