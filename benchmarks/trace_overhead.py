@@ -263,12 +263,19 @@ def bench_modes(reps: int) -> dict[str, tuple[float, float, float]]:
     def jax_step2():  # noqa: ANN202
         box2[0], box2[1], loss = jstep(box2[0], box2[1], ji, ji)
         return loss
+    box3 = [gpt2_jax.params_from_torch(base), None]
+    box3[1] = gpt2_jax.adamw_init(box3[0], per_param_steps=True)
+
+    def jax_step3():  # noqa: ANN202  (torch's optimizer math: a step count per parameter)
+        box3[0], box3[1], loss = jstep(box3[0], box3[1], ji, ji)
+        return loss
     from xla_dtensor.jit.args import signature
     flat: list = []
     cstep2(mcj, optj, d, d)
     cstep2(mcj, optj, d, d)  # the first two calls trace (no state, then state): now cached
-    jax_step2()
-    jax_step2()  # the same number of steps on both, so the next losses must agree
+    for _ in range(2):  # the same number of steps on all, so the next losses must agree
+        jax_step2()
+        jax_step3()
     entry = cstep2._entries[signature((mcj, optj, d, d), {}, flat)]
 
     def program_only() -> float:  # the compile-mode executable alone: gather, then time the run, rebind
@@ -278,7 +285,8 @@ def bench_modes(reps: int) -> dict[str, tuple[float, float, float]]:
         t = (time.perf_counter() - t0) * 1e3
         entry.apply(results, flat)
         return t
-    FAIR.update(_fair_compare(lambda: cstep2(mcj, optj, d, d), jax_step2, max(6 * reps, 60), program_only))
+    FAIR.update(_fair_compare(lambda: cstep2(mcj, optj, d, d), jax_step2, jax_step3, max(6 * reps, 60),
+                              program_only))
     return res
 
 
@@ -286,16 +294,18 @@ FAIR: dict[str, float] = {}
 JAX_LEAVES: dict[str, int] = {}
 
 
-def _fair_compare(cstep, jstep, reps: int, program_only) -> dict[str, float]:  # noqa: ANN001
+def _fair_compare(cstep, jstep, jstep_counts, reps: int, program_only) -> dict[str, float]:  # noqa: ANN001
     """Compile mode vs pure JAX, interleaved step by step on the same machine state.
 
     Both run the same model from the same weights on the same single device, float32,
     AdamW inside the program, parameters and optimizer state donated, batch not; both
-    warmed up. Each step is timed from the call to its completion (``block_until_ready``
-    / ``wait``), one of each per round so load on the shared machine hits both alike,
-    in a new seeded order every round: a step's time depends on what ran before it
-    (whose data is in the caches), and a fixed order gave one of them that advantage
-    every round (the same bias ``_hlo_stats.time_interleaved`` removes).
+    warmed up. ``jstep_counts`` is the JAX step with one step count per parameter, as
+    torch's AdamW keeps them (the same optimizer math as compile mode's program). Each
+    step is timed from the call to its completion (``block_until_ready`` / ``wait``), one
+    of each per round so load on the shared machine hits all alike, in a new seeded order
+    every round: a step's time depends on what ran before it (whose data is in the
+    caches), and a fixed order gave one of them that advantage every round (the same bias
+    ``_hlo_stats.time_interleaved`` removes).
     """
     import random
 
@@ -305,16 +315,15 @@ def _fair_compare(cstep, jstep, reps: int, program_only) -> dict[str, float]:  #
         # NOTE: the loss's own array (one program: all its outputs finish together); wait() would
         # also walk every live storage of the other modes' models
         jax.block_until_ready(materialize(cstep()))
-
-    def run_jax() -> None:
-        jax.block_until_ready(jstep())
-    first = (float(cstep().item()), float(jstep()))  # the same step of each from the same weights
+    first = (float(cstep().item()), float(jstep()), float(jstep_counts()))  # the same step from the same weights
     for _ in range(5):
         cstep()
         jstep()
+        jstep_counts()
     xla_dtensor.wait()
-    times: dict[str, list[float]] = {"compile": [], "JAX": [], "program": []}
-    runs = [("compile", run_compile), ("JAX", run_jax), ("program", None)]
+    times: dict[str, list[float]] = {"compile": [], "JAX": [], "JAX counts": [], "program": []}
+    runs = [("compile", run_compile), ("JAX", lambda: jax.block_until_ready(jstep())),
+            ("JAX counts", lambda: jax.block_until_ready(jstep_counts())), ("program", None)]
     rng = random.Random(0)
     for _ in range(reps):
         rng.shuffle(runs)
@@ -325,7 +334,8 @@ def _fair_compare(cstep, jstep, reps: int, program_only) -> dict[str, float]:  #
             t0 = time.perf_counter()
             run()
             times[name].append((time.perf_counter() - t0) * 1e3)
-    return {**{k: statistics.median(v) for k, v in times.items()}, "loss compile": first[0], "loss JAX": first[1]}
+    return {**{k: statistics.median(v) for k, v in times.items()},
+            "loss compile": first[0], "loss JAX": first[1], "loss JAX counts": first[2]}
 
 
 EAGER_SIZES = ((64, 32, 4), (128, 64, 8), (256, 128, 8))  # (n_embd, sequence, batch), 2 layers
@@ -466,6 +476,8 @@ def main() -> None:
         f"{FAIR['loss compile']:.6g} vs {FAIR['loss JAX']:.6g} (targets = inputs: tied embeddings make it small)")
     say(f"  of which the compile-mode executable alone (no replay Python): {FAIR['program']:.3f} ms, "
         f"{FAIR['program'] / FAIR['JAX']:.2f}x the JAX step")
+    say(f"  pure JAX with a step count per parameter (torch AdamW's math): {FAIR['JAX counts']:.3f} ms; compile "
+        f"mode is {FAIR['compile'] / FAIR['JAX counts']:.2f}x it (loss {FAIR['loss JAX counts']:.6g})")
     lz, lw = modes["lazy"], modes["lazy, wait each step"]
     say(f"asynchrony: a lazy step's sync() returns after {ASYNC['sync']:.3f} ms with its program still running "
         f"for {ASYNC['in flight']:.3f} ms; back to back the steps take {lz[2]:.3f} ms vs {lw[2]:.3f} ms when each "

@@ -75,24 +75,32 @@ def loss_fn(params: dict, idx: jnp.ndarray, targets: jnp.ndarray, n_head: int) -
     return -jnp.take_along_axis(logp, targets[..., None], axis=-1).mean()
 
 
-def adamw_init(params: dict) -> dict:
-    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
-    return {"m": zeros, "v": jax.tree_util.tree_map(jnp.zeros_like, params), "step": jnp.zeros((), jnp.float32)}
+def adamw_init(params: dict, per_param_steps: bool = False) -> dict:
+    """AdamW state: both moments, and one step count (or, like torch, one per parameter)."""
+    def zero(_: Any = None) -> jnp.ndarray:  # a buffer of its own each (they are donated)
+        return jnp.zeros((), jnp.float32)
+    return {"m": jax.tree_util.tree_map(jnp.zeros_like, params), "v": jax.tree_util.tree_map(jnp.zeros_like, params),
+            "step": jax.tree_util.tree_map(zero, params) if per_param_steps else zero()}
 
 
 def make_train_step(n_head: int, lr: float = 1e-3, wd: float = 0.01, b1: float = 0.9, b2: float = 0.999,
                     eps: float = 1e-8) -> Any:
-    """A jitted AdamW train step, torch's update rule, params and state donated."""
+    """A jitted AdamW train step, torch's update rule, params and state donated.
+
+    The state's step is one count, or one per parameter (:func:`adamw_init`), as torch's
+    AdamW keeps it: then every parameter computes its own bias corrections.
+    """
     def step(params: dict, state: dict, idx: jnp.ndarray, targets: jnp.ndarray) -> tuple:
         loss, g = jax.value_and_grad(loss_fn)(params, idx, targets, n_head)
-        n = state["step"] + 1
+        n = jax.tree_util.tree_map(lambda s: s + 1, state["step"])
+        counts = n if isinstance(n, dict) else jax.tree_util.tree_map(lambda _: n, params)
         m = jax.tree_util.tree_map(lambda m_, g_: b1 * m_ + (1 - b1) * g_, state["m"], g)
         v = jax.tree_util.tree_map(lambda v_, g_: b2 * v_ + (1 - b2) * g_ * g_, state["v"], g)
-        bc1, bc2 = 1 - b1 ** n, 1 - b2 ** n
 
-        def upd(p: jnp.ndarray, m_: jnp.ndarray, v_: jnp.ndarray) -> jnp.ndarray:
+        def upd(p: jnp.ndarray, m_: jnp.ndarray, v_: jnp.ndarray, c: jnp.ndarray) -> jnp.ndarray:
+            bc1, bc2 = 1 - b1 ** c, 1 - b2 ** c
             p = p * (1 - lr * wd)
             return p - lr / bc1 * m_ / (jnp.sqrt(v_) / jnp.sqrt(bc2) + eps)
-        return jax.tree_util.tree_map(upd, params, m, v), {"m": m, "v": v, "step": n}, loss
+        return jax.tree_util.tree_map(upd, params, m, v, counts), {"m": m, "v": v, "step": n}, loss
     # NOTE: the same buffers as compile mode's program: params and optimizer state donated, batch not.
     return jax.jit(step, donate_argnums=(0, 1))

@@ -6,6 +6,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import pytest
 import torch
 
 import xla_dtensor  # noqa: F401  (turns on jax x64, as in the benchmark)
@@ -15,11 +16,13 @@ from benchmarks.models import gpt2_jax
 from ._models import adamw, batches, cpu_losses, tiny_gpt2
 
 
-def test_jax_twin_train_steps_match_torch_cpu_in_float32():
+@pytest.mark.parametrize("per_param_steps", [False, True])
+def test_jax_twin_train_steps_match_torch_cpu_in_float32(per_param_steps):
     model, bs = tiny_gpt2(), batches(3, seed=11)
     ref = cpu_losses(copy.deepcopy(model), bs, lambda p: adamw(p))
     params = gpt2_jax.params_from_torch(model)
-    state = gpt2_jax.adamw_init(params)
+    state = gpt2_jax.adamw_init(params, per_param_steps)
+    assert len(jax.tree_util.tree_leaves(state["step"])) == (len(list(model.parameters())) if per_param_steps else 1)
     step = gpt2_jax.make_train_step(model.cfg.n_head, lr=3e-3, wd=0.1)
     got = []
     for x, y in bs:
