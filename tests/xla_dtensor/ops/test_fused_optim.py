@@ -10,6 +10,8 @@ import torch
 import xla_dtensor
 
 DEV = xla_dtensor.device()
+# each config traces its own few programs from the same call sites: expected, not a recompile problem
+pytestmark = pytest.mark.filterwarnings("ignore::xla_dtensor.debug.analysis.RecompileWarning")
 CONFIGS: list[tuple[str, Callable[..., torch.optim.Optimizer], dict]] = [
     ("adamw", torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1}),
     ("adamw-amsgrad-max", torch.optim.AdamW, {"lr": 1e-2, "amsgrad": True, "maximize": True}),
