@@ -10,6 +10,11 @@ outputs). Each leaf gets a *source*, which says where a later call finds its val
 * ``("host", k, dtype)``: a CPU tensor argument moved to the device inside ``fn``;
 * ``("const", value)``: anything else (Python scalars, tensors built inside ``fn``).
 
+Before a trace, the optimizers' equal 0-d state tensors (torch keeps one step counter
+per parameter) are made to share one value (:func:`share_equal_scalars`): one program
+input, and, where their updates are provably equal, one output. The replay checks they
+still share it (``aliases``).
+
 NOTE: constants are exact only if ``fn`` has no data-dependent Python; a capture
 that read device values on the host (``host_reads``) is never replayed.
 """
@@ -52,6 +57,9 @@ class Capture:
     escaped: int = 0            # new tensors kept alive outside the outputs (state created on this call)
     host_reads: int = 0         # device values read on the host while tracing
     shardings: list = field(default_factory=list)
+    res_of: list[int] = field(default_factory=list)  # per written storage, gradient and output: its result index
+    aliases: list[tuple] = field(default_factory=list)  # (leaf index, weakrefs of the other storages holding it)
+    split_merge: bool = False   # storages merged by share_equal_scalars got different new values
 
 
 def _params(flat: list) -> list[torch.Tensor]:
@@ -87,6 +95,42 @@ def make_capturable(flat: list) -> None:
                         st["step"] = step.to(p.device)
 
 
+def share_equal_scalars(flat: list) -> int:
+    """Let the optimizers' equal 0-d state tensors share one value; returns how many were rebound.
+
+    torch's Adam/AdamW keep one step counter per parameter, all equal. Holding one value,
+    they are one program input: XLA computes the per-parameter bias corrections once
+    (111 scalar kernels in the benchmark GPT-2 step, 4 in JAX's single-count step) and
+    :func:`capture` gives their equal updates one program output. Values are compared on
+    the host, bit for bit (a read of each scalar, at trace time only). Sharing an
+    immutable value changes nothing a tensor holds; a later write to one of them
+    rebinds that one alone, which the replay notices (``Capture.aliases``).
+    """
+    import jax
+
+    found: list[Storage] = []
+    for x in flat:
+        if isinstance(x, torch.optim.Optimizer):
+            for st in x.state.values():
+                for t in st.values():
+                    if isinstance(t, LazyTensor) and not t._chain and t.dim() == 0:
+                        v = t._storage.value
+                        if v.op == DATA and v.fn is None and t._storage not in found:
+                            found.append(t._storage)
+    if len(found) < 2:
+        return 0
+    values = jax.device_get([s.value.data for s in found])
+    groups: dict[tuple, Node] = {}
+    n = 0
+    for s, v in zip(found, values):
+        rep = groups.setdefault((s.value.key, np.asarray(v).tobytes()), s.value)
+        if s.value is not rep:
+            s.value = rep
+            s.version += 1
+            n += 1
+    return n
+
+
 def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, Any]:
     """Run ``fn`` lazily and record it. Returns the capture and ``fn``'s own result."""
     # NOTE: in creation order: a WeakSet's iteration order depends on its insertion/deletion history,
@@ -114,7 +158,7 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
         escaped = _escaped(start, out_storages, grad_storages)
 
     arg_of = {id(t._storage): k for k, t in enumerate(flat) if isinstance(t, LazyTensor)}
-    state, roots, mutated = [], [], set()
+    state, roots, mutated, written = [], [], set(), []
     for sid, (ref, old) in before.items():
         s = ref()
         if s is None or s.value is old:
@@ -123,6 +167,8 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
         src = ("arg", arg_of[sid]) if sid in arg_of else ("cap", ref)
         state.append((src, s.meta))
         roots.append(s.value)
+        written.append(sid)
+    roots = _merged_items(roots)
     for ref, _ in grads:
         roots.append(value_of(ref().grad))
     out_items = []
@@ -134,9 +180,12 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
             out_items.append(("py", t))
 
     plan = executor._plan(roots)
-    struct, leaves, fns, wiring, outs = plan.struct, plan.leaves, plan.fns, plan.wiring, plan.outs
+    struct, leaves, fns, wiring = plan.struct, plan.leaves, plan.fns, plan.wiring
+    outs = list(dict.fromkeys(plan.outs))  # a value written to several storages is one program output
+    res_of = [outs.index(p) for p in plan.outs]
     order_ops = [str(n.op) for n in plan.order]
     sources = _sources(leaves, before, arg_of, flat, start)
+    aliases, split = _aliases(leaves, before, dict(zip(written, res_of)))
     owners: dict[int, int] = {}
     for ref, old in before.values():
         if ref() is not None:
@@ -153,7 +202,7 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
                   if ref() is not None and ref().value is not old]
     cap = Capture(roots, leaves, struct, fns, wiring, outs, order_ops, sources, state, grads, out_items,
                   out_spec, donate, state_leaf, escaped, host_reads)
-    cap.shardings = plan.shardings
+    cap.shardings, cap.res_of, cap.aliases, cap.split_merge = plan.shardings, res_of, aliases, split
     return cap, out
 
 
@@ -167,6 +216,55 @@ def _escaped(start: int, out_storages: set[int], grad_storages: dict[int, Storag
         if s.seq > start and id(s) not in out_storages and id(s) not in grad_storages:
             n += 1
     return n
+
+
+def _merged_items(roots: list[Node]) -> list[Node]:
+    """``roots`` with equal outputs of one ``_foreach_*`` node replaced by the first of them.
+
+    Output ``i`` of a foreach op is computed from element ``i`` of its list arguments and
+    its shared arguments alone, so two outputs whose elements are the same nodes are equal
+    (the step counters' ``_foreach_add_`` once they share one value).
+    """
+    from xla_dtensor.auto import _ir_args as A  # NOTE: the node's argument layout, read from its key
+    from xla_dtensor.core.ir import GETITEM
+    from xla_dtensor.core.signature import op_info
+
+    first: dict[tuple, Node] = {}
+    layouts: dict[int, list] = {}
+    out = []
+    for r in roots:
+        node = r.inputs[0] if r.op == GETITEM else None
+        if node is None or not str(node.op).startswith("aten._foreach_") or len(op_info(node.op).mutated) > 1:
+            out.append(r)
+            continue
+        slots = layouts.get(id(node))
+        if slots is None:
+            slots = layouts[id(node)] = A.layout(node)
+        i = r.key[1]
+        key = (id(node), tuple(id(x) for sl, x in zip(slots, node.inputs) if sl.item == i))
+        out.append(first.setdefault(key, r))
+    return out
+
+
+def _aliases(leaves: list[Node], before: dict, written: dict[int, int]) -> tuple[list[tuple], bool]:
+    """Storages that held one leaf when traced (besides its source), and whether their new values split.
+
+    The replay passes such a leaf once, so it checks that the other storages still hold
+    the source's array. ``written`` maps each storage the call wrote to its result. A
+    group whose storages were written with different values (or only some of them)
+    cannot stay shared: ``split`` says so, and the call is not cached.
+    """
+    holders: dict[int, list] = {}
+    for sid, (ref, old) in before.items():
+        if ref() is not None:
+            holders.setdefault(id(old), []).append((sid, ref))
+    aliases, split = [], False
+    for i, n in enumerate(leaves):
+        group = holders.get(id(n), [])
+        if len(group) > 1:
+            aliases.append((i, [ref for _, ref in group[1:]]))
+            split = split or len({written.get(sid) for sid, _ in group}) > 1
+    return aliases, split
 
 
 def _sources(leaves: list[Node], before: dict, arg_of: dict, flat: list, start: int) -> list[tuple]:

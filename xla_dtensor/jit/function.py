@@ -20,7 +20,7 @@ import jax
 from xla_dtensor import metrics
 from xla_dtensor.jit import replay
 from xla_dtensor.jit.args import describe_change, signature
-from xla_dtensor.jit.capture import capture, make_capturable
+from xla_dtensor.jit.capture import capture, make_capturable, share_equal_scalars
 from xla_dtensor.config import config
 from xla_dtensor.core import executor
 from xla_dtensor.core.tensor import LazyTensor
@@ -59,6 +59,7 @@ class CompiledFunction:
         self._fn = fn
         self._entries: dict[tuple, replay.Entry] = {}
         self._lazy: set[tuple] = set()
+        self._unshared: set[tuple] = set()  # signatures whose equal optimizer scalars must not share a value
         self._last_sig: tuple | None = None
         self._name = getattr(fn, "__qualname__", repr(fn))
         functools.update_wrapper(self, fn)
@@ -87,6 +88,9 @@ class CompiledFunction:
                                        site=self._name)
                     return out
                 reason = f"retrace: {inputs}"
+                if inputs.startswith(replay.SHARED_SPLIT):
+                    e = None  # a different program on purpose (separate inputs), not a changed graph
+                    del self._entries[sig]
             else:
                 reason = "periodic re-check (config.compile_check_every)"
         elif sig in self._lazy:
@@ -116,6 +120,8 @@ class CompiledFunction:
         old = self._entries.get(sig, old)
         from xla_dtensor.eager import suspended
         executor.sync()
+        if sig not in self._unshared:
+            share_equal_scalars(flat)
         t0 = time.perf_counter()
         with suspended():
             cap, out = capture(self._fn, args, kwargs, flat)
@@ -128,6 +134,14 @@ class CompiledFunction:
                 f"tracing (.item(), .cpu(), print, Python control flow on tensors); its graph may depend on data, "
                 f"so it runs lazily (traced) on every call with this signature"), stacklevel=3)
             self._lazy.add(sig)
+            executor.sync()
+            _mark_clean()
+            return out
+        if cap.split_merge:  # equal scalars shared for this trace were written with different values
+            self._unshared.add(sig)
+            analysis.event("trace", f"compile call ({reason}; shared equal scalars diverged: not cached, traced "
+                           f"again without sharing)", hash(cap.struct), len(cap.leaves), len(cap.roots),
+                           site=self._name, force=True)
             executor.sync()
             _mark_clean()
             return out
@@ -166,6 +180,7 @@ class CompiledFunction:
         """Forget every traced signature."""
         self._entries.clear()
         self._lazy.clear()
+        self._unshared.clear()
         self._last_sig = None
 
 

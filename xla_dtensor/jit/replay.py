@@ -20,12 +20,15 @@ from xla_dtensor.core.tensor import new_tensor
 from xla_dtensor.random import next_key
 
 
+SHARED_SPLIT = "tensors that held one value when traced (equal optimizer step counters) no longer do"
+
+
 class Entry:
     """One signature's program (see the module docstring)."""
 
     __slots__ = ("compiled", "template", "arg_in", "cap_in", "key_in", "host_in", "grad_guard", "state_w",
                  "grad_w", "out_w", "out_spec", "donate", "keep", "struct", "ops", "sources", "calls",
-                 "always_trace", "n_in", "n_out")
+                 "always_trace", "n_in", "n_out", "alias_in")
 
     def __init__(self, cap: Capture, compiled: Any, results: list) -> None:
         self.compiled, self.struct, self.ops, self.sources = compiled, cap.struct, cap.ops, cap.sources
@@ -53,13 +56,14 @@ class Entry:
         self.keep = [pos[i] for i, src in enumerate(cap.sources) if src[0] in ("arg", "cap") and i not in dset]
         metas = [m for _, m in cap.state] + [m for _, m in cap.grads] + [it[1] for it in cap.out_items if it[0] == "t"]
         keys = []
-        for arr, meta in zip(results, metas):
-            leaf = data_leaf(arr, meta[0], meta[1])
-            keys.append((leaf.key, leaf.hash))
+        for r, meta in zip(cap.res_of, metas):  # NOTE: per written storage / gradient / output, its result's index
+            leaf = data_leaf(results[r], meta[0], meta[1])
+            keys.append((r, leaf.key, leaf.hash))
         ns = len(cap.state)
         self.state_w = [(src, *keys[j]) for j, (src, _) in enumerate(cap.state)]
         self.grad_w = [(ref, meta, *keys[ns + j]) for j, (ref, meta) in enumerate(cap.grads)]
         self.grad_guard = [ref for ref, _ in cap.grads]
+        self.alias_in = [(pos[i], refs) for i, refs in cap.aliases if i in pos]
         j = ns + len(cap.grads)
         self.out_w = []
         for it in cap.out_items:
@@ -92,6 +96,11 @@ class Entry:
         for i, k, dtype in self.host_in:
             inputs[i] = jax.device_put(_host_array(flat[k], dtype))
             metrics._COUNTS["transfers_to_device"] += 1
+        for i, refs in self.alias_in:  # storages that shared one value when traced (equal step counters)
+            for ref in refs:
+                s = ref()
+                if s is None or s.value.data is not inputs[i]:
+                    return SHARED_SPLIT + f" (program input {i})"
         for ref in self.grad_guard:
             p = ref()
             if p is None or p.grad is not None:
@@ -103,21 +112,24 @@ class Entry:
         return inputs
 
     def apply(self, results: list, flat: list) -> Any:
-        """Rebind mutated storages, set new gradients, and build the outputs."""
-        j = 0
-        for src, key, h in self.state_w:
+        """Rebind mutated storages, set new gradients, and build the outputs.
+
+        Storages written with one result share one value node (so they stay one input).
+        """
+        nodes: dict[int, Node] = {}
+        for src, r, key, h in self.state_w:
             s = flat[src[1]]._storage if src[0] == "arg" else src[1]()
-            s.value = Node(DATA, key, (), h, None, results[j])
+            node = nodes.get(r)
+            if node is None:
+                node = nodes[r] = Node(DATA, key, (), h, None, results[r])
+            s.value = node
             s.version += 1
-            j += 1
-        for ref, meta, key, h in self.grad_w:
-            ref().grad = new_tensor(meta, Node(DATA, key, (), h, None, results[j]))
-            j += 1
+        for ref, meta, r, key, h in self.grad_w:
+            ref().grad = new_tensor(meta, Node(DATA, key, (), h, None, results[r]))
         outs = []
         for it in self.out_w:
             if it[0] == "t":
-                outs.append(new_tensor(it[1], Node(DATA, it[2], (), it[3], None, results[j])))
-                j += 1
+                outs.append(new_tensor(it[1], Node(DATA, it[3], (), it[4], None, results[it[2]])))
             else:
                 outs.append(it[1])
         return pytree.tree_unflatten(outs, self.out_spec)
