@@ -96,7 +96,8 @@ def make_capturable(flat: list) -> None:
 
 
 def share_equal_scalars(flat: list) -> int:
-    """Let the optimizers' equal 0-d state tensors share one value; returns how many were rebound.
+    """Let the equal 0-d state tensors of the optimizers in ``flat`` (the call's arguments) share
+    one value; returns how many were rebound.
 
     torch's Adam/AdamW keep one step counter per parameter, all equal. Holding one value,
     they are one program input: XLA computes the per-parameter bias corrections once
@@ -239,7 +240,11 @@ def _merged_items(roots: list[Node]) -> list[Node]:
             continue
         slots = layouts.get(id(node))
         if slots is None:
-            slots = layouts[id(node)] = A.layout(node)
+            try:
+                slots = layouts[id(node)] = A.layout(node)
+            except KeyError:  # no signature entry to read the layout from: leave it unmerged
+                out.append(r)
+                continue
         i = r.key[1]
         key = (id(node), tuple(id(x) for sl, x in zip(slots, node.inputs) if sl.item == i))
         out.append(first.setdefault(key, r))
