@@ -25,11 +25,13 @@ def adamw(params):
 
 def cpu_losses(model, bs, opt_fn=adamw) -> list[float]:
     opt = opt_fn(model.parameters())
-    out = []
-    for x, y in bs:
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        out.append(loss.item())
-    return out
+    return [train_step(model, opt, x, y).item() for x, y in bs]
+
+
+def train_step(model, opt, x, y):
+    """One training step as a function of its inputs: what ``xla_dtensor.compile`` traces."""
+    loss = model(x, y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss

@@ -12,14 +12,7 @@ from xla_dtensor import metrics
 from xla_dtensor.jit import DataDependentWarning, GraphChangedWarning
 
 from ._models import adamw, batches, cpu_losses, tiny_gpt2
-
-
-def _train_step(model, opt, x, y):
-    loss = model(x, y)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    return loss
+from ._models import train_step as _train_step
 
 
 def test_gpt2_train_step_20_steps_matches_cpu_and_lazy_one_trace_per_signature(dev):

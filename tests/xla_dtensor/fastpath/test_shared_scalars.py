@@ -12,14 +12,7 @@ from xla_dtensor import metrics
 from xla_dtensor.jit.args import signature
 
 from ._models import adamw, batches, tiny_gpt2
-
-
-def _train_step(model, opt, x, y):
-    loss = model(x, y)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    return loss
+from ._models import train_step as _train_step
 
 
 def test_step_counters_share_one_input_and_split_when_one_is_changed(dev):
