@@ -109,15 +109,16 @@ def share_equal_scalars(flat: list) -> int:
     """
     import jax
 
-    found: list[Storage] = []
+    by_id: dict[int, Storage] = {}
     for x in flat:
         if isinstance(x, torch.optim.Optimizer):
             for st in x.state.values():
                 for t in st.values():
                     if isinstance(t, LazyTensor) and not t._chain and t.dim() == 0:
                         v = t._storage.value
-                        if v.op == DATA and v.fn is None and t._storage not in found:
-                            found.append(t._storage)
+                        if v.op == DATA and v.fn is None:
+                            by_id.setdefault(id(t._storage), t._storage)
+    found = list(by_id.values())
     if len(found) < 2:
         return 0
     values = jax.device_get([s.value.data for s in found])
@@ -159,7 +160,7 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
         escaped = _escaped(start, out_storages, grad_storages)
 
     arg_of = {id(t._storage): k for k, t in enumerate(flat) if isinstance(t, LazyTensor)}
-    state, roots, mutated, written = [], [], set(), []
+    state, roots, mutated, written, written_old = [], [], set(), [], []
     for sid, (ref, old) in before.items():
         s = ref()
         if s is None or s.value is old:
@@ -169,6 +170,7 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
         state.append((src, s.meta))
         roots.append(s.value)
         written.append(sid)
+        written_old.append(old)
     roots = _merged_items(roots)
     for ref, _ in grads:
         roots.append(value_of(ref().grad))
@@ -183,24 +185,21 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     plan = executor._plan(roots)
     struct, leaves, fns, wiring = plan.struct, plan.leaves, plan.fns, plan.wiring
     outs = list(dict.fromkeys(plan.outs))  # a value written to several storages is one program output
-    res_of = [outs.index(p) for p in plan.outs]
+    at = {p: k for k, p in enumerate(outs)}
+    res_of = [at[p] for p in plan.outs]
     order_ops = [str(n.op) for n in plan.order]
-    sources = _sources(leaves, before, arg_of, flat, start)
-    aliases, split = _aliases(leaves, before, dict(zip(written, res_of)))
-    owners: dict[int, int] = {}
-    for ref, old in before.values():
-        if ref() is not None:
-            owners[id(old)] = owners.get(id(old), 0) + 1
-    n_mut = {}
+    holders: dict[int, list] = {}  # id(value before the call) -> [(storage id, ref)] of the live storages holding it
     for sid, (ref, old) in before.items():
-        s = ref()
-        if s is not None and s.value is not old:
-            n_mut[id(old)] = n_mut.get(id(old), 0) + 1
-    donate = tuple(i for i, n in enumerate(leaves) if sources[i][0] in ("arg", "cap")
-                   and n_mut.get(id(n), 0) == owners.get(id(n), -1) and executor.donatable(n))
+        if ref() is not None:
+            holders.setdefault(id(old), []).append((sid, ref))
+    sources = _sources(leaves, holders, arg_of, flat)
+    written_res = dict(zip(written, res_of))
+    aliases, split = _aliases(leaves, holders, written_res)
+    # a leaf is donated when every storage that held it was overwritten by the call
+    donate = tuple(i for i, n in enumerate(leaves) if sources[i][0] in ("arg", "cap") and executor.donatable(n)
+                   and all(sid in written_res for sid, _ in holders[id(n)]))
     leaf_at = {id(n): i for i, n in enumerate(leaves)}
-    state_leaf = [leaf_at.get(id(old), -1) for ref, old in before.values()
-                  if ref() is not None and ref().value is not old]
+    state_leaf = [leaf_at.get(id(old), -1) for old in written_old]
     cap = Capture(roots, leaves, struct, fns, wiring, outs, order_ops, sources, state, grads, out_items,
                   out_spec, donate, state_leaf, escaped, host_reads)
     cap.shardings, cap.res_of, cap.aliases, cap.split_merge = plan.shardings, res_of, aliases, split
@@ -251,7 +250,7 @@ def _merged_items(roots: list[Node]) -> list[Node]:
     return out
 
 
-def _aliases(leaves: list[Node], before: dict, written: dict[int, int]) -> tuple[list[tuple], bool]:
+def _aliases(leaves: list[Node], holders: dict[int, list], written: dict[int, int]) -> tuple[list[tuple], bool]:
     """Storages that held one leaf when traced (besides its source), and whether their new values split.
 
     The replay passes such a leaf once, so it checks that the other storages still hold
@@ -259,10 +258,6 @@ def _aliases(leaves: list[Node], before: dict, written: dict[int, int]) -> tuple
     group whose storages were written with different values (or only some of them)
     cannot stay shared: ``split`` says so, and the call is not cached.
     """
-    holders: dict[int, list] = {}
-    for sid, (ref, old) in before.items():
-        if ref() is not None:
-            holders.setdefault(id(old), []).append((sid, ref))
     aliases, split = [], False
     for i, n in enumerate(leaves):
         group = holders.get(id(n), [])
@@ -272,11 +267,8 @@ def _aliases(leaves: list[Node], before: dict, written: dict[int, int]) -> tuple
     return aliases, split
 
 
-def _sources(leaves: list[Node], before: dict, arg_of: dict, flat: list, start: int) -> list[tuple]:
-    owner = {}
-    for sid, (ref, old) in before.items():
-        if ref() is not None:
-            owner.setdefault(id(old), (sid, ref))
+def _sources(leaves: list[Node], holders: dict[int, list], arg_of: dict, flat: list) -> list[tuple]:
+    """Where a later call finds each leaf (see the module docstring); a held leaf's source is its first holder."""
     hosts = [(k, t) for k, t in enumerate(flat) if isinstance(t, torch.Tensor) and not isinstance(t, LazyTensor)]
     out = []
     for n in leaves:
@@ -284,8 +276,8 @@ def _sources(leaves: list[Node], before: dict, arg_of: dict, flat: list, start: 
             out.append(("const", n.data))
         elif n.op == DATA and n.key[2] == "key":
             out.append(("key",))
-        elif id(n) in owner:
-            sid, ref = owner[id(n)]
+        elif id(n) in holders:
+            sid, ref = holders[id(n)][0]
             out.append(("arg", arg_of[sid]) if sid in arg_of else ("cap", ref, n.hash))
         else:
             out.append(_host_source(n, hosts))
