@@ -1,8 +1,8 @@
 """Signature entries: shape inference and the lowered function, once per (op, signature).
 
 On a new signature the op runs once on meta tensors (torch's own shape/dtype/stride
-rules and torch's own error for bad input, raised at the op) and its lowering runs once
-under ``jax.eval_shape``; the two must agree. If the lowering cannot take a scalar as a
+rules and torch's own error for bad input, raised at the op) and its lowering is traced
+once (``jax.eval_shape``; ``jax.make_jaxpr`` for in-place ops); the two must agree. If the lowering cannot take a scalar as a
 traced parameter the op is retried, and from then on recorded, with static scalars.
 """
 from __future__ import annotations
@@ -154,7 +154,10 @@ def build(op: Any, args: tuple, kwargs: dict, info: OpInfo, key: tuple, scalars:
 
     abstract = ([jax.ShapeDtypeStruct((2,), "uint32")] if random else []) + abstract
     try:
-        got = jax.eval_shape(raw, *abstract)
+        if info.mutated:  # the jaxpr also says which targets come back unchanged (_unchanged)
+            traced, got = jax.make_jaxpr(raw, return_shape=True)(*abstract)
+        else:
+            traced, got = None, jax.eval_shape(raw, *abstract)
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
             jax.errors.TracerIntegerConversionError, TypeError) as e:
         if scalars and any(not hasattr(a, "shape") for a in abstract):
@@ -173,7 +176,7 @@ def build(op: Any, args: tuple, kwargs: dict, info: OpInfo, key: tuple, scalars:
     e = Entry(op, key, kind)
     e.fn, e.raw, e.outs, e.random, e.n_ret = fn, raw, outs, random, n_ret
     if kind is INPLACE and len(got_list) > 1:
-        e.kept = _unchanged(raw, abstract, n_ret, _target_slots(info, targs, tkwargs, shift))
+        e.kept = _unchanged(traced.jaxpr, n_ret, _target_slots(info, targs, tkwargs, shift))
     return e
 
 
@@ -187,7 +190,7 @@ def _target_slots(info: OpInfo, targs: tuple, tkwargs: dict, shift: int) -> list
     return slots
 
 
-def _unchanged(raw: Callable[..., Any], abstract: list, n_ret: int, slots: list[int | None]) -> frozenset[int]:
+def _unchanged(jaxpr: Any, n_ret: int, slots: list[int | None]) -> frozenset[int]:
     """The in-place targets whose new value is their own old value, returned as is by the lowering.
 
     NOTE: a fused optimizer writes its gradient list back only when it unscales it
@@ -195,7 +198,6 @@ def _unchanged(raw: Callable[..., Any], abstract: list, n_ret: int, slots: list[
     such a value back would do nothing but turn a gradient that is a view (eager mode
     folds views into their reader) into a scatter into its base on every step.
     """
-    jaxpr = jax.make_jaxpr(raw)(*abstract).jaxpr
     ins, outs = jaxpr.invars, jaxpr.outvars[n_ret:]
     return frozenset(i for i, (v, j) in enumerate(zip(outs, slots)) if j is not None and v is ins[j])
 
