@@ -84,11 +84,12 @@ def adamw_init(params: dict, per_param_steps: bool = False) -> dict:
 
 
 def make_train_step(n_head: int, lr: float = 1e-3, wd: float = 0.01, b1: float = 0.9, b2: float = 0.999,
-                    eps: float = 1e-8) -> Any:
+                    eps: float = 1e-8, jit: bool = True) -> Any:
     """A jitted AdamW train step, torch's update rule, params and state donated.
 
     The state's step is one count, or one per parameter (:func:`adamw_init`), as torch's
-    AdamW keeps it: then every parameter computes its own bias corrections.
+    AdamW keeps it: then every parameter computes its own bias corrections. ``jit=False``
+    returns the plain function: called as is, JAX runs it op by op (its eager mode).
     """
     def step(params: dict, state: dict, idx: jnp.ndarray, targets: jnp.ndarray) -> tuple:
         loss, g = jax.value_and_grad(loss_fn)(params, idx, targets, n_head)
@@ -102,5 +103,7 @@ def make_train_step(n_head: int, lr: float = 1e-3, wd: float = 0.01, b1: float =
             p = p * (1 - lr * wd)
             return p - lr / bc1 * m_ / (jnp.sqrt(v_) / jnp.sqrt(bc2) + eps)
         return jax.tree_util.tree_map(upd, params, m, v, counts), {"m": m, "v": v, "step": n}, loss
+    if not jit:
+        return step
     # NOTE: the same buffers as compile mode's program: params and optimizer state donated, batch not.
     return jax.jit(step, donate_argnums=(0, 1))
