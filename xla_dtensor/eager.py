@@ -59,13 +59,17 @@ def _collect(x: Any, out: dict) -> None:
 _FLAT: dict[tuple, Any] = {}  # one-node program key -> executable (see _flat_key); at most config.cache_size
 
 
-def _flat_key(roots: list[Any]) -> tuple[tuple, Any] | None:
-    """(a cheap exact key, the leaves) when ``roots`` are one node (or its outputs) over leaves, else None.
+def _flat_key(roots: list[Any]) -> tuple[tuple, list] | None:
+    """(a cheap exact key, the leaves) when ``roots`` are one node (or its outputs) over
+    leaves and small graphs of leaves, else None.
 
     Such a program's plan is fixed by the node's structural hash (which covers its
-    inputs' metadata and shardings), the outputs taken and the shardings: the leaves are
-    the node's inputs in order, each once. The foreach optimizer ops (one node over ~40-150
-    parameters and state tensors) and ops on materialized tensors take this path.
+    inputs' metadata and shardings), the outputs taken, the shardings and the wiring: a
+    direct input is a leaf, or one node over leaves (a view of a materialized tensor:
+    ``mm(x, t(w))``). The leaves come in the order :func:`executor._plan`'s walk finds
+    them, each once. Most eager ops (on materialized tensors or views of them) and the
+    foreach optimizer ops (one node over ~40-150 parameters and state tensors) take this
+    path; deeper graphs are planned.
     NOTE: like the executor's own cache key (a tuple of node hashes), this trusts 64-bit
     structural hashes not to collide.
     """
@@ -85,13 +89,46 @@ def _flat_key(roots: list[Any]) -> tuple[tuple, Any] | None:
     inputs = node.inputs
     for x in inputs:
         if x.fn is not None:
-            return None
+            return _nested_key(node, taken)
     if len({id(x) for x in inputs}) == len(inputs):
         return (node.hash, taken, node.sharding, len(inputs)), inputs
     # a leaf used twice (``addcmul(v, g, g)``): the wiring is part of the key, each leaf passed once
     first: dict[int, int] = {}
     wiring = tuple([first.setdefault(id(x), len(first)) for x in inputs])
     return (node.hash, taken, node.sharding, wiring), list({id(x): x for x in inputs}.values())
+
+
+_NESTED_LIMIT = 16  # inner nodes walked for a key; bigger graphs are planned
+
+
+def _nested_key(node: Any, taken: tuple | None) -> tuple[tuple, list] | None:
+    """:func:`_flat_key` for a node whose inputs include inner nodes (views of materialized
+    tensors, ``t(view(x))``): each inner node spelled out by its hash, sharding and wiring."""
+    seen: dict[int, Any] = {}  # id -> leaf index, or the inner node's entry
+    leaves: list[Any] = []
+
+    def walk(x: Any) -> Any:
+        w = seen.get(id(x))
+        if w is not None:
+            return w
+        if x.fn is None:
+            w = len(leaves)
+            leaves.append(x)
+        elif len(seen) >= _NESTED_LIMIT:
+            raise _TooBig
+        else:
+            w = ("n", x.hash, x.sharding, tuple([walk(y) for y in x.inputs]))
+        seen[id(x)] = w
+        return w
+    try:
+        wiring = tuple([walk(x) for x in node.inputs])
+    except _TooBig:
+        return None
+    return (node.hash, taken, node.sharding, wiring), leaves
+
+
+class _TooBig(Exception):
+    """The graph under an eager op is too big for :func:`_nested_key`."""
 
 
 def _run(roots: list[Any]) -> list[Any]:

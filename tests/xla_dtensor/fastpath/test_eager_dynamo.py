@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import tomllib
 from pathlib import Path
@@ -68,6 +69,31 @@ def test_eager_mode_runs_backward_on_the_calling_thread_and_restores_the_setting
     (x * 2).sum().backward()
     assert threads[0] == threading.current_thread().name != threads[1]
     torch.testing.assert_close(x.grad.cpu(), torch.full((3, 4), 4.0))
+
+
+_VIEW_CASES = [
+    lambda a, b: a.t() * a.t(),  # one view node used twice
+    lambda a, b: a.t() * b.t(),  # the same node hashes over two different tensors
+    lambda a, b: a.t() @ a,  # a view and its own base
+    lambda a, b: a.view(16).view(4, 4).t() @ b,  # a chain of views
+    lambda a, b: functools.reduce(lambda t, _: t.t(), range(40), a) + b,  # more views than the cheap key walks
+]
+
+
+def test_eager_ops_on_views_of_computed_tensors_match_cpu_and_reuse_their_executables(dev):
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    xla_dtensor.eager_mode(True)
+    try:
+        da, db = a.to(dev), b.to(dev)
+        for order in (_VIEW_CASES, _VIEW_CASES[::-1]):  # the second round runs every cached program
+            before = metrics.snapshot()
+            for f in order:
+                torch.testing.assert_close(f(da, db).cpu(), f(a, b), rtol=1e-5, atol=1e-6)
+            compiles = metrics.diff(before)["compiles"]
+        assert compiles == 0
+    finally:
+        xla_dtensor.eager_mode(False)
 
 
 def test_eager_mode_rejects_non_bool():
