@@ -25,6 +25,7 @@ from xla_dtensor import metrics
 from xla_dtensor.config import config
 from xla_dtensor.core import dispatch as _dispatch_mod
 from xla_dtensor.core import executor
+from xla_dtensor.core import ir as _ir
 from xla_dtensor.core import sdpa as _sdpa
 from xla_dtensor.core.ir import GETITEM, data_leaf
 from xla_dtensor.core.signature import op_info
@@ -218,6 +219,7 @@ def eager_mode(enable: bool) -> None:
         torch._C._set_multithreading_enabled(_AUTOGRAD_THREADS[0])
         _AUTOGRAD_THREADS[0] = None
     _dispatch_mod.dispatch = _eager_dispatch if enable else _REAL
+    _ir.CONSING[0] = not enable
 
 
 def is_eager() -> bool:
@@ -229,7 +231,9 @@ def is_eager() -> bool:
 def suspended() -> Iterator[None]:
     """Record lazily inside this block even in eager mode (used by ``compile`` while tracing)."""
     _SUSPENDED[0] += 1
+    consing, _ir.CONSING[0] = _ir.CONSING[0], True  # a traced graph shares nodes as in lazy mode
     try:
         yield
     finally:
         _SUSPENDED[0] -= 1
+        _ir.CONSING[0] = consing

@@ -96,6 +96,31 @@ def test_eager_ops_on_views_of_computed_tensors_match_cpu_and_reuse_their_execut
         xla_dtensor.eager_mode(False)
 
 
+def test_eager_mode_records_without_hash_consing_and_compile_traces_with_it(dev):
+    from xla_dtensor.core.tensor import value_of
+    a = torch.randn(3, 4).to(dev)
+    x, y = a.t(), a.t()
+    assert value_of(x) is value_of(y)  # lazy: one shared node
+    seen: list[bool] = []
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        u, v = t.t(), t.t()
+        seen.append(value_of(u) is value_of(v))
+        return (u * v).sum()
+    xla_dtensor.eager_mode(True)
+    try:
+        x, y = a.t(), a.t()
+        assert value_of(x) is not value_of(y)  # eager: each op its own node, computed at once
+        out = xla_dtensor.compile(f)(a)
+        assert seen == [True]  # compile's trace inside eager mode shares nodes again
+        assert value_of(a.t()) is not value_of(a.t())  # and eager mode goes on without
+    finally:
+        xla_dtensor.eager_mode(False)
+    x, y = a.t(), a.t()
+    assert value_of(x) is value_of(y)
+    torch.testing.assert_close(out.cpu(), (a.cpu() ** 2).sum(), rtol=1e-5, atol=1e-5)
+
+
 def test_eager_mode_rejects_non_bool():
     with pytest.raises(TypeError, match="expects a bool, got str"):
         xla_dtensor.eager_mode("yes")
