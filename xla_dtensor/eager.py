@@ -99,7 +99,7 @@ def _flat_key(roots: list[Any]) -> tuple[tuple, list] | None:
     return (node.hash, taken, node.sharding, wiring), list({id(x): x for x in inputs}.values())
 
 
-_NESTED_LIMIT = 16  # inner nodes walked for a key; bigger graphs are planned
+_NESTED_LIMIT = 256  # inner nodes walked for a key (bounds the recursion: two frames a level); bigger graphs are planned
 
 
 def _nested_key(node: Any, taken: tuple | None) -> tuple[tuple, list] | None:
@@ -123,7 +123,7 @@ def _nested_key(node: Any, taken: tuple | None) -> tuple[tuple, list] | None:
         return w
     try:
         wiring = tuple([walk(x) for x in node.inputs])
-    except _TooBig:
+    except (_TooBig, RecursionError):  # a deep chain on an already deep stack: planned (iteratively)
         return None
     return (node.hash, taken, node.sharding, wiring), leaves
 

@@ -76,7 +76,7 @@ _VIEW_CASES = [
     lambda a, b: a.t() * b.t(),  # the same node hashes over two different tensors
     lambda a, b: a.t() @ a,  # a view and its own base
     lambda a, b: a.view(16).view(4, 4).t() @ b,  # a chain of views
-    lambda a, b: functools.reduce(lambda t, _: t.t(), range(40), a) + b,  # more views than the cheap key walks
+    lambda a, b: functools.reduce(lambda t, _: t.t(), range(600), a) + b,  # more views than the cheap key walks
 ]
 
 
