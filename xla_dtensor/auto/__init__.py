@@ -7,7 +7,7 @@ Example:
 """
 from __future__ import annotations
 
-from xla_dtensor.auto._ir_args import ScalarParam
+from xla_dtensor.core.ir_args import ScalarParam
 from xla_dtensor.auto.ir_graph import graph_from_ir, pending_storages, step_roles
 
 __all__ = ["ScalarParam", "graph_from_ir", "pending_storages", "step_roles"]

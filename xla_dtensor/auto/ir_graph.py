@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autoshard.graph import Graph, TensorMeta
-from xla_dtensor.auto import _ir_args as A
+from xla_dtensor.core import ir_args as A
 from xla_dtensor.core.ir import DATA, GETITEM, PARAM, Node
 from xla_dtensor.core.signature import op_info
 from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of

@@ -225,7 +225,7 @@ def _merged_items(roots: list[Node]) -> list[Node]:
     its shared arguments alone, so two outputs whose elements are the same nodes are equal
     (the step counters' ``_foreach_add_`` once they share one value).
     """
-    from xla_dtensor.auto import _ir_args as A  # NOTE: the node's argument layout, read from its key
+    from xla_dtensor.core import ir_args as A  # NOTE: the node's argument layout, read from its key
     from xla_dtensor.core.ir import GETITEM
     from xla_dtensor.core.signature import op_info
 
