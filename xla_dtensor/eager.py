@@ -57,7 +57,7 @@ def _collect(x: Any, out: dict) -> None:
             _collect(v, out)
 
 
-_FLAT: dict[tuple, Any] = {}  # one-node program key -> executable (see _flat_key); at most config.cache_size
+_FLAT: dict[tuple, Any] = {}  # one-op program key -> executable (see _flat_key); at most config.cache_size
 
 
 def _flat_key(roots: list[Any]) -> tuple[tuple, list] | None:
@@ -66,11 +66,12 @@ def _flat_key(roots: list[Any]) -> tuple[tuple, list] | None:
 
     Such a program's plan is fixed by the node's structural hash (which covers its
     inputs' metadata and shardings), the outputs taken, the shardings and the wiring: a
-    direct input is a leaf, or one node over leaves (a view of a materialized tensor:
-    ``mm(x, t(w))``). The leaves come in the order :func:`executor._plan`'s walk finds
-    them, each once. Most eager ops (on materialized tensors or views of them) and the
-    foreach optimizer ops (one node over ~40-150 parameters and state tensors) take this
-    path; deeper graphs are planned.
+    direct input is a leaf, or a small graph over leaves (a view of a materialized tensor:
+    ``mm(x, t(w))``; :func:`_nested_key`). The leaves come in the order
+    :func:`executor._plan`'s walk finds them, each once. Eager ops on materialized
+    tensors or views of them, and the foreach and fused optimizer ops (one node over
+    ~40-150 parameters, state tensors and view gradients) take this path; only graphs of
+    more than ``_NESTED_LIMIT`` nodes are planned.
     NOTE: like the executor's own cache key (a tuple of node hashes), this trusts 64-bit
     structural hashes not to collide.
     """
@@ -99,7 +100,7 @@ def _flat_key(roots: list[Any]) -> tuple[tuple, list] | None:
     return (node.hash, taken, node.sharding, wiring), list({id(x): x for x in inputs}.values())
 
 
-_NESTED_LIMIT = 256  # inner nodes walked for a key (bounds the recursion: two frames a level); bigger graphs are planned
+_NESTED_LIMIT = 256  # nodes walked for a key (bounds the recursion: two frames a level); bigger graphs are planned
 
 
 def _nested_key(node: Any, taken: tuple | None) -> tuple[tuple, list] | None:
