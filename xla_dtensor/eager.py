@@ -3,9 +3,11 @@
 ``eager_mode(True)`` makes each aten op on the ``jax`` device run as soon as it is
 recorded (its outputs and the tensors it writes are materialized; views stay views of
 materialized storage). The executables are cached by graph structure like any lazy
-program, so a repeated op with the same shapes compiles once. ``xla_dtensor.compile(fn)``
-still traces ``fn`` lazily and compiles it whole inside eager mode (torch_xla's
-eager-plus-compile workflow).
+program, so a repeated op with the same shapes compiles once; a cache hit is found by a
+cheap key (:func:`_flat_key`) and called directly. Ops are recorded without
+hash-consing, since nothing stays pending to share. ``xla_dtensor.compile(fn)`` still
+traces ``fn`` lazily (with hash-consing) and compiles it whole inside eager mode
+(torch_xla's eager-plus-compile workflow).
 
 Example:
     >>> import torch, xla_dtensor
