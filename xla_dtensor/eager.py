@@ -96,18 +96,16 @@ def _flat_key(roots: list[Any]) -> tuple[tuple, list] | None:
             return _nested_key(node, taken)
     if len({id(x) for x in inputs}) == len(inputs):
         return (node.hash, taken, node.sharding, len(inputs)), inputs
-    # a leaf used twice (``addcmul(v, g, g)``): the wiring is part of the key, each leaf passed once
-    first: dict[int, int] = {}
-    wiring = tuple([first.setdefault(id(x), len(first)) for x in inputs])
-    return (node.hash, taken, node.sharding, wiring), list({id(x): x for x in inputs}.values())
+    return _nested_key(node, taken)  # a leaf used twice (``addcmul(v, g, g)``): the wiring spelled out
 
 
 _NESTED_LIMIT = 256  # nodes walked for a key (bounds the recursion: two frames a level); bigger graphs are planned
 
 
 def _nested_key(node: Any, taken: tuple | None) -> tuple[tuple, list] | None:
-    """:func:`_flat_key` for a node whose inputs include inner nodes (views of materialized
-    tensors, ``t(view(x))``): each inner node spelled out by its hash, sharding and wiring."""
+    """:func:`_flat_key` with the wiring spelled out: each input a leaf index (each leaf passed
+    once) or an inner node (a view of a materialized tensor, ``t(view(x))``) by its hash,
+    sharding and wiring."""
     seen: dict[int, Any] = {}  # id -> leaf index, or the inner node's entry
     leaves: list[Any] = []
 
