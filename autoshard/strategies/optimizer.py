@@ -16,9 +16,10 @@ FOREACH = ("aten._foreach_add", "aten._foreach_add_", "aten._foreach_sub", "aten
            "aten._foreach_lerp", "aten._foreach_lerp_", "aten._foreach_addcmul", "aten._foreach_addcmul_",
            "aten._foreach_addcdiv", "aten._foreach_addcdiv_", "aten._foreach_sqrt", "aten._foreach_sqrt_",
            "aten._foreach_neg", "aten._foreach_neg_", "aten._foreach_copy_", "aten._foreach_maximum_",
-           "aten._foreach_reciprocal_", "aten._foreach_pow",
-           # fused steps (``Adam(fused=True)``), one node per updated tensor (see xla_dtensor.auto.ir_graph)
-           "aten._fused_adam_", "aten._fused_adamw_", "aten._fused_sgd_", "aten._fused_adagrad_")
+           "aten._foreach_reciprocal_", "aten._foreach_pow")
+# fused steps (``Adam(fused=True)``): one graph node per updated tensor (xla_dtensor.auto.ir_graph), the foreach rule
+FUSED_STEPS = ("aten._fused_adam_", "aten._fused_adamw_", "aten._fused_sgd_", "aten._fused_adagrad_")
+FOREACH += FUSED_STEPS
 
 
 # single-tensor optimizer paths (torch picks them for tensor subclasses): the same rule per tensor

@@ -33,12 +33,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autoshard.graph import Graph, TensorMeta
+from autoshard.strategies.optimizer import FUSED_STEPS
 from xla_dtensor.core import ir_args as A
 from xla_dtensor.core.ir import DATA, GETITEM, PARAM, Node
 from xla_dtensor.core.signature import op_info
 from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
-
-FUSED_STEPS = ("aten._fused_adam_.", "aten._fused_adamw_.", "aten._fused_sgd_.", "aten._fused_adagrad_.")
 
 __all__ = ["graph_from_ir", "graph_from_ir_with_nodes", "pending_storages", "step_roles"]
 
