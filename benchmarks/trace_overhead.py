@@ -34,6 +34,7 @@ import copy
 import statistics
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import xla_dtensor  # noqa: I001  (sets up devices before jax)
 import jax
@@ -239,37 +240,15 @@ def bench_modes(reps: int) -> dict[str, tuple[float, float, float]]:
     mcj = copy.deepcopy(base).to(dev)
     optj = torch.optim.AdamW(mcj.parameters(), lr=1e-3)
     cstep2 = xla_dtensor.compile(_train_step)
-    params = gpt2_jax.params_from_torch(base)
-    state = gpt2_jax.adamw_init(params)
     jstep = gpt2_jax.make_train_step(base.cfg.n_head, lr=1e-3, wd=0.01)
     ji = jax.numpy.asarray(idx.numpy())
-    box = [params, state]
-
-    def jax_step():  # noqa: ANN202
-        box[0], box[1], loss = jstep(box[0], box[1], ji, ji)
-        return loss
+    jax_step, JAX_LEAVES["pure JAX"] = _jax_runner(jstep, base, ji)
     res["pure JAX"] = _time_mode(jax_step, reps)
     torch.manual_seed(0)
-    p6 = gpt2_jax.params_from_torch(GPT2(_cfg(6)))
-    box6 = [p6, gpt2_jax.adamw_init(p6)]
-
-    def jax_step6():  # noqa: ANN202
-        box6[0], box6[1], loss = jstep(box6[0], box6[1], ji, ji)
-        return loss
+    jax_step6, JAX_LEAVES["pure JAX (6 layers)"] = _jax_runner(jstep, GPT2(_cfg(6)), ji)
     res["pure JAX (6 layers)"] = _time_mode(jax_step6, reps)
-    JAX_LEAVES.update({"pure JAX": len(jax.tree.leaves(box)), "pure JAX (6 layers)": len(jax.tree.leaves(box6))})
-    box2 = [gpt2_jax.params_from_torch(base), None]
-    box2[1] = gpt2_jax.adamw_init(box2[0])
-
-    def jax_step2():  # noqa: ANN202
-        box2[0], box2[1], loss = jstep(box2[0], box2[1], ji, ji)
-        return loss
-    box3 = [gpt2_jax.params_from_torch(base), None]
-    box3[1] = gpt2_jax.adamw_init(box3[0], per_param_steps=True)
-
-    def jax_step3():  # noqa: ANN202  (torch's optimizer math: a step count per parameter)
-        box3[0], box3[1], loss = jstep(box3[0], box3[1], ji, ji)
-        return loss
+    jax_step2, _ = _jax_runner(jstep, base, ji)
+    jax_step3, _ = _jax_runner(jstep, base, ji, per_param_steps=True)  # torch's optimizer math
     from xla_dtensor.jit.args import signature
     flat: list = []
     cstep2(mcj, optj, d, d)
@@ -288,23 +267,33 @@ def bench_modes(reps: int) -> dict[str, tuple[float, float, float]]:
         return t
     FAIR.update(_fair_compare(lambda: cstep2(mcj, optj, d, d), jax_step2, jax_step3, max(6 * reps, 60),
                               program_only))
-    # for scale, last: torch's CPU kernels leave their thread pool spinning for a while after use
+    # for scale, run last: with these two before it, the comparison above timed slower JAX steps
+    # (2.55-2.68 ms against 2.24-2.47 ms; cause not isolated)
     mn = copy.deepcopy(base)  # the reference for eager mode: torch's own eager on CPU kernels, no subclass
     optn = torch.optim.AdamW(mn.parameters(), lr=1e-3)
     res["torch eager (CPU)"] = _time_mode(lambda: _train_step(mn, optn, idx, idx), reps)
     raw = gpt2_jax.make_train_step(base.cfg.n_head, lr=1e-3, wd=0.01, jit=False)
-    boxe = [gpt2_jax.params_from_torch(base), None]
-    boxe[1] = gpt2_jax.adamw_init(boxe[0])
-
-    def jax_eager():  # noqa: ANN202  (JAX's own eager mode: every primitive dispatched alone)
-        boxe[0], boxe[1], loss = raw(boxe[0], boxe[1], ji, ji)
-        return loss
+    jax_eager, _ = _jax_runner(raw, base, ji)  # not jitted: JAX's own eager mode, every primitive alone
     res["pure JAX, op by op"] = _time_mode(jax_eager, min(reps, 5), warm=2)
     return res
 
 
 FAIR: dict[str, float] = {}
 JAX_LEAVES: dict[str, int] = {}
+
+
+def _jax_runner(step: Any, model: GPT2, ji: Any, per_param_steps: bool = False) -> tuple[Callable[[], Any], int]:
+    """A call of ``step`` on ``model``'s weights with ``ji`` as inputs and targets, carrying its
+    parameters and AdamW state from call to call; and its number of program inputs besides the batch."""
+    from benchmarks.models import gpt2_jax
+    params = gpt2_jax.params_from_torch(model)
+    box = [params, gpt2_jax.adamw_init(params, per_param_steps)]
+    n_inputs = len(jax.tree.leaves(box))
+
+    def run() -> Any:
+        box[0], box[1], loss = step(box[0], box[1], ji, ji)
+        return loss
+    return run, n_inputs
 
 
 def _fair_compare(cstep, jstep, jstep_counts, reps: int, program_only) -> dict[str, float]:  # noqa: ANN001
