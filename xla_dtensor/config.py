@@ -19,7 +19,8 @@ class Config:
         cpu_fallback: run an op that has no lowering on CPU (counted in metrics)
             instead of raising ``NotImplementedError`` at the op.
         cache_size: executables kept in the in-memory LRU cache.
-        donate: donate the buffers of tensors overwritten in place at ``sync()``.
+        donate: donate the buffers of tensors overwritten in place, at ``sync()``
+            and by eager in-place ops whose old buffer nothing else holds.
         check_lowerings: compare each lowering's output shape/dtype with torch's
             meta kernel once per argument signature.
         compile_check_every: under ``xla_dtensor.compile``, re-trace every N-th

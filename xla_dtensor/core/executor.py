@@ -93,7 +93,7 @@ def lower(plan: Plan, donate_idx: tuple[int, ...] = (), order: list[int] | None 
     program = _program(plan.fns, plan.wiring, plan.shardings, plan.outs)
     if order is not None:
         program = _permuted(program, order)
-    return jax.jit(program, donate_argnums=donate_idx).lower(*_arguments(plan, order))
+    return jax.jit(program, donate_argnums=donate_idx).lower(*arguments(plan, order))
 
 
 def arg_order(n_leaves: int, donated: set[int], partners: Iterable[int | None]) -> list[int]:
@@ -112,7 +112,7 @@ def arg_order(n_leaves: int, donated: set[int], partners: Iterable[int | None]) 
     return kept + paired + [i for i in sorted(donated) if i not in seen]
 
 
-def _arguments(plan: Plan, order: list[int] | None) -> list[Any]:
+def arguments(plan: Plan, order: list[int] | None) -> list[Any]:
     leaves = plan.leaves
     return [n.data for n in leaves] if order is None else [leaves[i].data for i in order]
 
@@ -189,11 +189,12 @@ def donatable(leaf: Node) -> bool:
     return leaf.key[1] != ()
 
 
-def execute(roots: list[Node], donate: set[int] | None = None, partners: list[int | None] | None = None) -> list[Any]:
-    """Compute ``roots``; returns their arrays.
+def layout(roots: list[Node], donate: set[int] | None = None,
+           partners: list[int | None] | None = None) -> tuple[Plan, list[int] | None, tuple[int, ...], tuple]:
+    """``roots``' plan, argument order (None: plan order), donated argument positions and
+    executable cache key; the arguments are ``arguments(plan, order)``.
 
-    ``donate``: ids of leaves whose buffers may be reused; ``partners``: per root, the
-    id of the leaf it overwrites (see :func:`arg_order`).
+    ``donate`` and ``partners`` as in :func:`execute`.
     """
     plan = _plan(roots)
     order, donate_idx = None, ()
@@ -204,11 +205,21 @@ def execute(roots: list[Node], donate: set[int] | None = None, partners: list[in
         order = arg_order(len(plan.leaves), donated, [at.get(p) for p in partners or ()])
         donate_idx = tuple(range(len(order) - len(donated), len(order)))
     key = (plan.struct, tuple(plan.outs), donate_idx, tuple(order) if order is not None else None)
+    return plan, order, donate_idx, key
+
+
+def execute(roots: list[Node], donate: set[int] | None = None, partners: list[int | None] | None = None) -> list[Any]:
+    """Compute ``roots``; returns their arrays.
+
+    ``donate``: ids of leaves whose buffers may be reused; ``partners``: per root, the
+    id of the leaf it overwrites (see :func:`arg_order`).
+    """
+    plan, order, donate_idx, key = layout(roots, donate, partners)
     compiled = lookup(key)
     if compiled is None:
         compiled = lower(plan, donate_idx, order).compile()
         store(key, compiled)
-    result = compiled(*_arguments(plan, order))
+    result = compiled(*arguments(plan, order))
     metrics._COUNTS["executions"] += 1
     return list(result)
 

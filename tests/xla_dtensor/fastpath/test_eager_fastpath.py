@@ -1,6 +1,8 @@
 """Eager mode's per-op fast path: one cached program per executing op, results as torch CPU."""
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -8,7 +10,7 @@ import xla_dtensor
 from xla_dtensor import metrics
 from xla_dtensor.core import executor
 from xla_dtensor.core.ir import topo_order
-from xla_dtensor.core.tensor import value_of
+from xla_dtensor.core.tensor import new_tensor, value_of
 from xla_dtensor.debug import analysis
 
 
@@ -97,3 +99,70 @@ def test_eager_foreach_step_twice_matches_cpu(dev):
         torch._foreach_addcmul_(ps, gs, ps, value=0.5)
     for a, r in zip(pd, ps):
         torch.testing.assert_close(a.cpu(), r)
+
+
+def _donated(fn) -> int:  # noqa: ANN001
+    before = metrics.snapshot()
+    fn()
+    return metrics.diff(before)["eager_donated"]
+
+
+def test_eager_inplace_reuses_a_buffer_only_when_nothing_else_holds_it(dev):
+    torch.manual_seed(3)
+    x = torch.randn(6, 5)
+    xd = x.to(dev)
+    xla_dtensor.eager_mode(True)
+    try:
+        assert _donated(lambda: xd.mul_(2.0)) == 1          # only the graph reads the old value
+        twin = new_tensor(xd._meta, value_of(xd))             # another tensor holding the same value
+        assert _donated(lambda: xd.add_(1.0)) == 0
+        view = xd.view(30)                                    # a view: its cached value reads the old leaf
+        assert _donated(lambda: xd.mul_(3.0)) == 0
+        held = value_of(xd).data                              # the array itself held elsewhere
+        assert _donated(lambda: xd.sub_(0.5)) == 0
+        assert not held.is_deleted()
+        del held
+        step = torch.zeros((), device=dev)
+        assert _donated(lambda: step.add_(1.0)) == 0          # 0-d scalars are never donated
+        xla_dtensor.config.donate = False
+        try:
+            assert _donated(lambda: xd.add_(2.0)) == 0
+        finally:
+            xla_dtensor.config.donate = True
+        assert _donated(lambda: torch._foreach_mul_([xd, twin], 0.5)) == 2
+        views_now = view.cpu()
+    finally:
+        xla_dtensor.eager_mode(False)
+    ref = x * 2.0
+    twin_ref = ref.clone()
+    ref = ((ref + 1.0) * 3.0 - 0.5 + 2.0) * 0.5
+    torch.testing.assert_close(xd.cpu(), ref)
+    torch.testing.assert_close(twin.cpu(), twin_ref * 0.5)
+    torch.testing.assert_close(views_now, ref.view(30))
+    assert step.cpu().item() == 1.0
+
+
+def test_eager_ops_leave_no_reference_cycles(dev):
+    """A cached eager op's garbage is freed at once (a cycle would keep its buffers until the
+    collector runs)."""
+    x, w = torch.randn(4, 3).to(dev), torch.randn(5, 3).to(dev)
+
+    def ops() -> torch.Tensor:
+        y = (x @ w.t()).view(2, 10)                       # an op over a view: the nested key
+        torch._foreach_add_([x, w], [x.t().t(), w])       # a foreach op over views and leaves
+        return y
+    xla_dtensor.eager_mode(True)
+    try:
+        ops()  # compiles (JAX's tracing makes cycles of its own)
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(3):
+                y = ops()
+            found = gc.collect()
+        finally:
+            gc.enable()
+    finally:
+        xla_dtensor.eager_mode(False)
+    assert found == 0
+    assert y.shape == (2, 10)
