@@ -25,14 +25,17 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
 import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
 from xla_dtensor import metrics
 from xla_dtensor.core import executor
+from xla_dtensor.core import ir_args as A
 from xla_dtensor.core import tensor as T
-from xla_dtensor.core.ir import DATA, PARAM, Node
+from xla_dtensor.core.ir import DATA, GETITEM, PARAM, Node
+from xla_dtensor.core.signature import op_info
 from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
 
 
@@ -107,8 +110,6 @@ def share_equal_scalars(flat: list) -> int:
     immutable value changes nothing a tensor holds; a later write to one of them
     rebinds that one alone, which the replay notices (``Capture.aliases``).
     """
-    import jax
-
     by_id: dict[int, Storage] = {}
     for x in flat:
         if isinstance(x, torch.optim.Optimizer):
@@ -225,10 +226,6 @@ def _merged_items(roots: list[Node]) -> list[Node]:
     its shared arguments alone, so two outputs whose elements are the same nodes are equal
     (the step counters' ``_foreach_add_`` once they share one value).
     """
-    from xla_dtensor.core import ir_args as A  # NOTE: the node's argument layout, read from its key
-    from xla_dtensor.core.ir import GETITEM
-    from xla_dtensor.core.signature import op_info
-
     first: dict[tuple, Node] = {}
     layouts: dict[int, list] = {}
     out = []
