@@ -9,7 +9,8 @@ Modes: the same GPT-2 train step (forward, backward, AdamW) in lazy mode (retrac
 every step; also with a wait after each step, which shows how much execution the
 asynchronous dispatch hides under the next step's tracing), ``xla_dtensor.compile``
 (replayed; also with the blocks run 3 times over, 3x the ops with the same state, and
-on a 6-layer model), eager mode (also with ``AdamW(fused=True)``), ``torch.compile(backend="xla_dtensor")`` (a CPU
+on a 6-layer model), eager mode (also with ``AdamW(fused=True)``, and with the
+optimizer step under ``compile``), ``torch.compile(backend="xla_dtensor")`` (a CPU
 model: dynamo cannot yet fakify jax-device tensors, so each step also copies
 parameters in and results out), and the same model written directly in JAX
 (``benchmarks/models/gpt2_jax.py``, weights copied) under ``jax.jit``, at 2 and 6
@@ -29,9 +30,10 @@ prints, saves nothing.
 from __future__ import annotations
 
 import argparse
-import sys
 import copy
+import random
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -97,6 +99,11 @@ def _train_step(model, opt, x, y):  # noqa: ANN001, ANN202
     opt.step()
     opt.zero_grad()
     return loss
+
+
+def _opt_step(opt):  # noqa: ANN001, ANN202
+    opt.step()
+    opt.zero_grad()
 
 
 def _block(out) -> None:  # noqa: ANN001
@@ -223,10 +230,20 @@ def bench_modes(reps: int) -> dict[str, tuple[float, float, float]]:
     opte = torch.optim.AdamW(me.parameters(), lr=1e-3)
     mf = copy.deepcopy(base).to(dev)
     optf = torch.optim.AdamW(mf.parameters(), lr=1e-3, fused=True)
+    mo = copy.deepcopy(base).to(dev)
+    opto = torch.optim.AdamW(mo.parameters(), lr=1e-3)
+    ostep = xla_dtensor.compile(_opt_step)
+
+    def eager_compiled_opt():  # noqa: ANN202  (the eager workflow: forward and backward op by op, compiled step)
+        loss = mo(d, d)
+        loss.backward()
+        ostep(opto)
+        return loss
     xla_dtensor.eager_mode(True)
     try:
         res["eager"] = _time_mode(lambda: _train_step(me, opte, d, d), reps)
         res["eager, fused AdamW"] = _time_mode(lambda: _train_step(mf, optf, d, d), reps)
+        res["eager, compiled opt"] = _time_mode(eager_compiled_opt, reps)
     finally:
         xla_dtensor.eager_mode(False)
 
@@ -309,8 +326,6 @@ def _fair_compare(cstep, jstep, jstep_counts, reps: int, program_only) -> dict[s
     caches), and a fixed order gave one of them that advantage every round (the same bias
     ``_hlo_stats.time_interleaved`` removes).
     """
-    import random
-
     from xla_dtensor.core.executor import materialize
 
     def run_compile() -> None:
@@ -349,7 +364,8 @@ Sizes = list[tuple[tuple[int, int, int], float, float, float]]
 def bench_eager_sizes(reps: int, sizes: tuple = EAGER_SIZES) -> Sizes:
     """Eager vs compile mode as the model grows: ``[(size, compile ms, eager ms, eager fused ms)]``, medians.
 
-    The three run interleaved step by step from the same weights, each timed to completion:
+    The three run interleaved step by step from the same weights, each timed to completion, in a
+    new seeded order every round (a fixed order favoured one of them, see ``_fair_compare``):
     compile mode and eager mode with the default (multi-tensor) AdamW, and eager mode with
     ``AdamW(fused=True)`` (one op per optimizer step instead of ~12). Eager mode pays a
     fixed host cost per op (one cached executable call each); it matters less as each
@@ -377,19 +393,18 @@ def bench_eager_sizes(reps: int, sizes: tuple = EAGER_SIZES) -> Sizes:
             eager(me, oe)
             eager(mf, of)
         xla_dtensor.wait()
-        tc, te, tf = [], [], []
+        times: dict[str, list[float]] = {"compile": [], "eager": [], "fused": []}
+        runs = [("compile", lambda: cstep(mc, oc, x, y).item()), ("eager", lambda: eager(me, oe).item()),
+                ("fused", lambda: eager(mf, of).item())]
+        rng = random.Random(0)
         for _ in range(reps):
-            t0 = time.perf_counter()
-            cstep(mc, oc, x, y).item()
-            t1 = time.perf_counter()
-            eager(me, oe).item()
-            xla_dtensor.wait()
-            t2 = time.perf_counter()
-            eager(mf, of).item()
-            xla_dtensor.wait()
-            tf.append((time.perf_counter() - t2) * 1e3)
-            te.append((t2 - t1) * 1e3)
-            tc.append((t1 - t0) * 1e3)
+            rng.shuffle(runs)  # a new seeded order every round (see _fair_compare)
+            for name, run in runs:
+                t0 = time.perf_counter()
+                run()
+                xla_dtensor.wait()
+                times[name].append((time.perf_counter() - t0) * 1e3)
+        tc, te, tf = times["compile"], times["eager"], times["fused"]
         lc, le, lf = cstep(mc, oc, x, y).item(), eager(me, oe).detach().item(), eager(mf, of).detach().item()
         for name, got in (("eager", le), ("eager with fused AdamW", lf)):
             if abs(lc - got) > 1e-4 * max(1.0, abs(lc)):

@@ -8,6 +8,7 @@ Example:
 """
 from __future__ import annotations
 
-from xla_dtensor.jit.function import CompiledFunction, DataDependentWarning, GraphChangedWarning, compile
+from xla_dtensor.jit.function import (CompiledFunction, DataDependentWarning, FreedInputWarning, GraphChangedWarning,
+                                      compile)
 
-__all__ = ["CompiledFunction", "DataDependentWarning", "GraphChangedWarning", "compile"]
+__all__ = ["CompiledFunction", "DataDependentWarning", "FreedInputWarning", "GraphChangedWarning", "compile"]

@@ -6,6 +6,11 @@ outputs). Each leaf gets a *source*, which says where a later call finds its val
 * ``("arg", k)``: the storage of the call's ``k``-th flat tensor argument;
 * ``("cap", ref, hash)``: a storage that existed before the call (a parameter,
   optimizer state), held by weak reference;
+* ``("grad", holders, hash)``: the gradient a parameter held when the call began, read
+  through the parameter (``holders``: ``(weakref to parameter, view chain key)``, first
+  the one read), so a call sees that call's gradients, also when ``fn`` clears them;
+* ``("freed", shape)``: a storage that existed before the call, was freed by it and no
+  argument reaches: a later call cannot find its value, so the call is never replayed;
 * ``("key",)``: a fresh PRNG key, drawn from the device generator;
 * ``("host", k, dtype)``: a CPU tensor argument moved to the device inside ``fn``;
 * ``("const", value)``: anything else (Python scalars, tensors built inside ``fn``).
@@ -15,8 +20,13 @@ per parameter) are made to share one value (:func:`share_equal_scalars`): one pr
 input, and, where their updates are provably equal, one output. The replay checks they
 still share it (``aliases``).
 
+Gradients: the replay checks that each parameter has a gradient exactly when it had
+one at trace time (``grad_present``); it sets those ``fn`` created or replaced
+(``grads``) and clears those ``fn`` set to None (``cleared``: ``zero_grad()`` inside).
+
 NOTE: constants are exact only if ``fn`` has no data-dependent Python; a capture
-that read device values on the host (``host_reads``) is never replayed.
+that read device values on the host (``host_reads``) or a freed input (``freed``) is
+never replayed.
 """
 from __future__ import annotations
 
@@ -37,6 +47,7 @@ from xla_dtensor.core import tensor as T
 from xla_dtensor.core.ir import DATA, GETITEM, PARAM, Node
 from xla_dtensor.core.signature import op_info
 from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
+from xla_dtensor.jit.args import chain_key
 
 
 @dataclass
@@ -52,13 +63,16 @@ class Capture:
     ops: list[str]
     sources: list[tuple]
     state: list[tuple]          # (source of the written storage, storage meta) per mutated storage
-    grads: list[tuple]          # (weakref to parameter, grad meta) per gradient created by fn
+    grads: list[tuple]          # (weakref to parameter, grad meta) per gradient created or replaced by fn
     out_items: list[Any]        # per output leaf: ("t", meta) or ("py", value)
     out_spec: Any
     donate: tuple[int, ...]
     state_leaf: list[int]       # per mutated storage, the leaf index of its value before the call (-1: not a leaf)
     escaped: int = 0            # new tensors kept alive outside the outputs (state created on this call)
     host_reads: int = 0         # device values read on the host while tracing
+    freed: list = field(default_factory=list)  # shapes of the inputs fn freed that no argument reaches
+    cleared: list = field(default_factory=list)  # weakrefs of the parameters whose gradient fn set to None
+    grad_present: list = field(default_factory=list)  # (weakref to parameter, had a gradient) per parameter
     shardings: list = field(default_factory=list)
     res_of: list[int] = field(default_factory=list)  # per written storage, gradient and output: its result index
     aliases: list[tuple] = field(default_factory=list)  # (leaf index, weakrefs of the other storages holding it)
@@ -141,7 +155,9 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     before = {id(s): (weakref.ref(s), s.value) for s in sorted(LIVE, key=_seq)}
     start = next(T._SEQ)
     params = _params(flat)
-    had_grad = {id(p) for p in params if p.grad is not None}
+    grad_at = _grad_holders(params)
+    # NOTE: weak references: a strong one would keep a gradient that fn clears alive
+    grad_before = {id(p): weakref.ref(p.grad) for p in params if p.grad is not None}
     host0 = metrics._COUNTS["transfers_to_host"]
     out = fn(*args, **kwargs)
     host_reads = metrics._COUNTS["transfers_to_host"] - host0
@@ -149,12 +165,15 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     out_storages = {id(t._storage) for t in out_leaves if isinstance(t, LazyTensor)}
 
     grads: list[tuple] = []
+    cleared: list = []
     grad_storages: dict[int, Storage] = {}
     for p in params:
-        g = p.grad
-        if g is not None and id(p) not in had_grad and isinstance(g, LazyTensor):
+        g, was = p.grad, grad_before.get(id(p))
+        if isinstance(g, LazyTensor) and (was is None or was() is not g):
             grads.append((weakref.ref(p), g._meta))  # NOTE: may be a view (a transposed mm result)
             grad_storages[id(g._storage)] = g._storage
+        elif g is None and was is not None:
+            cleared.append(weakref.ref(p))
     escaped = _escaped(start, out_storages, grad_storages)
     if escaped:
         gc.collect()
@@ -167,7 +186,7 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
         if s is None or s.value is old:
             continue
         mutated.add(id(old))
-        src = ("arg", arg_of[sid]) if sid in arg_of else ("cap", ref)
+        src = ("arg", arg_of[sid]) if sid in arg_of else ("grad", grad_at[sid]) if sid in grad_at else ("cap", ref)
         state.append((src, s.meta))
         roots.append(s.value)
         written.append(sid)
@@ -190,10 +209,12 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     res_of = [at[p] for p in plan.outs]
     order_ops = [str(n.op) for n in plan.order]
     holders: dict[int, list] = {}  # id(value before the call) -> [(storage id, ref)] of the live storages holding it
+    held: dict[int, list] = {}  # the same over every storage of the call's start, freed ones included
     for sid, (ref, old) in before.items():
+        held.setdefault(id(old), []).append(sid)
         if ref() is not None:
             holders.setdefault(id(old), []).append((sid, ref))
-    sources = _sources(leaves, holders, arg_of, flat)
+    sources = _sources(leaves, holders, held, grad_at, arg_of, flat)
     written_res = dict(zip(written, res_of))
     aliases, split = _aliases(leaves, holders, written_res)
     # a leaf is donated when every storage that held it was overwritten by the call
@@ -204,7 +225,21 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     cap = Capture(roots, leaves, struct, fns, wiring, outs, order_ops, sources, state, grads, out_items,
                   out_spec, donate, state_leaf, escaped, host_reads)
     cap.shardings, cap.res_of, cap.aliases, cap.split_merge = plan.shardings, res_of, aliases, split
+    cap.freed = [src[1] for src in sources if src[0] == "freed"]
+    cap.cleared = cleared
+    cap.grad_present = [(weakref.ref(p), id(p) in grad_before) for p in params]
     return cap, out
+
+
+def _grad_holders(params: list[torch.Tensor]) -> dict[int, list]:
+    """id(storage) -> [(weakref to parameter, view chain key)] of the parameters whose
+    gradient is (a view of) that storage at the start of a call."""
+    out: dict[int, list] = {}
+    for p in params:
+        g = p.grad
+        if isinstance(g, LazyTensor):
+            out.setdefault(id(g._storage), []).append((weakref.ref(p), chain_key(g)))
+    return out
 
 
 def _seq(s: Storage) -> int:
@@ -264,18 +299,31 @@ def _aliases(leaves: list[Node], holders: dict[int, list], written: dict[int, in
     return aliases, split
 
 
-def _sources(leaves: list[Node], holders: dict[int, list], arg_of: dict, flat: list) -> list[tuple]:
-    """Where a later call finds each leaf (see the module docstring); a held leaf's source is its first holder."""
+def _sources(leaves: list[Node], holders: dict[int, list], held: dict[int, list], grad_at: dict[int, list],
+             arg_of: dict, flat: list) -> list[tuple]:
+    """Where a later call finds each leaf (see the module docstring).
+
+    A held leaf's source is its first live holder if that is an argument, else the gradient
+    holding it (read through its parameter: the next call's gradient is a new tensor),
+    else its first live holder.
+    """
     hosts = [(k, t) for k, t in enumerate(flat) if isinstance(t, torch.Tensor) and not isinstance(t, LazyTensor)]
     out = []
     for n in leaves:
+        live, sids = holders.get(id(n)), held.get(id(n), ())
+        grad = next((s for s in sids if s in grad_at), None)
         if n.op == PARAM:
             out.append(("const", n.data))
         elif n.op == DATA and n.key[2] == "key":
             out.append(("key",))
-        elif id(n) in holders:
-            sid, ref = holders[id(n)][0]
-            out.append(("arg", arg_of[sid]) if sid in arg_of else ("cap", ref, n.hash))
+        elif live and live[0][0] in arg_of:
+            out.append(("arg", arg_of[live[0][0]]))
+        elif grad is not None:
+            out.append(("grad", grad_at[grad], n.hash))
+        elif live:
+            out.append(("cap", live[0][1], n.hash))
+        elif sids:
+            out.append(("freed", tuple(n.key[1])))
         else:
             out.append(_host_source(n, hosts))
     return out

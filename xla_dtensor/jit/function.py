@@ -39,6 +39,10 @@ class DataDependentWarning(UserWarning):
     """A compiled function read device values on the host while tracing."""
 
 
+class FreedInputWarning(UserWarning):
+    """A compiled function read a tensor that it freed and that no argument reaches."""
+
+
 _CLEAN = [(-1, -1)]
 
 
@@ -88,7 +92,7 @@ class CompiledFunction:
                                        site=self._name)
                     return out
                 reason = f"retrace: {inputs}"
-                if inputs.startswith(replay.SHARED_SPLIT):
+                if inputs.startswith(replay.NEW_PROGRAM):
                     e = None  # a different program on purpose (separate inputs), not a changed graph
                     del self._entries[sig]
             else:
@@ -133,6 +137,17 @@ class CompiledFunction:
                 f"compile({self._name}): the function read {cap.host_reads} device value(s) on the host while "
                 f"tracing (.item(), .cpu(), print, Python control flow on tensors); its graph may depend on data, "
                 f"so it runs lazily (traced) on every call with this signature"), stacklevel=3)
+            self._lazy.add(sig)
+            executor.sync()
+            _mark_clean()
+            return out
+        if cap.freed:
+            shapes = ", ".join(str(list(sh)) for sh in cap.freed[:3]) + (", ..." if len(cap.freed) > 3 else "")
+            warnings.warn(FreedInputWarning(
+                f"compile({self._name}): the function read {len(cap.freed)} tensor(s) (shape {shapes}) that it "
+                f"freed and that no argument, parameter gradient or live tensor reaches, so a later call could not "
+                f"find their values; it runs lazily (traced) on every call with this signature. Pass such "
+                f"tensors as arguments"), stacklevel=3)
             self._lazy.add(sig)
             executor.sync()
             _mark_clean()

@@ -1,9 +1,10 @@
 """A cached program and how to feed it: gather a call's leaf arrays, run, rebind.
 
 A replay touches no aten op and no IR: it reads the current arrays of the recorded
-storages (checking each is still device data of the traced shape, dtype and
-sharding: its leaf hash), calls the compiled executable, rebinds the mutated
-storages to the results, sets newly created gradients, and wraps the outputs.
+storages and of the parameters' current gradients (checking each is still device data
+of the traced shape, dtype and sharding: its leaf hash), calls the compiled executable,
+rebinds the mutated storages to the results, sets the gradients the function created
+or replaced, clears those it cleared, and wraps the outputs.
 """
 from __future__ import annotations
 
@@ -16,19 +17,22 @@ from xla_dtensor import metrics
 from xla_dtensor.core import executor
 from xla_dtensor.jit.capture import Capture, _host_array
 from xla_dtensor.core.ir import DATA, Node, data_leaf
-from xla_dtensor.core.tensor import new_tensor
+from xla_dtensor.core.tensor import LazyTensor, new_tensor
+from xla_dtensor.jit.args import chain_key
 from xla_dtensor.random import next_key
 
 
 SHARED_SPLIT = "tensors that held one value when traced (equal optimizer step counters) no longer do"
+GRADS_CHANGED = "gradients differ from the traced call"
+NEW_PROGRAM = (SHARED_SPLIT, GRADS_CHANGED)  # reasons that call for a different program, not a changed graph
 
 
 class Entry:
     """One signature's program (see the module docstring)."""
 
-    __slots__ = ("compiled", "template", "arg_in", "cap_in", "key_in", "host_in", "grad_guard", "state_w",
-                 "grad_w", "out_w", "out_spec", "donate", "keep", "struct", "ops", "sources", "calls",
-                 "always_trace", "n_in", "n_out", "alias_in")
+    __slots__ = ("compiled", "template", "arg_in", "cap_in", "grad_in", "key_in", "host_in", "grad_present",
+                 "cleared", "state_w", "grad_w", "out_w", "out_spec", "donate", "keep", "struct", "ops", "sources",
+                 "calls", "always_trace", "n_in", "n_out", "alias_in")
 
     def __init__(self, cap: Capture, compiled: Any, results: list) -> None:
         self.compiled, self.struct, self.ops, self.sources = compiled, cap.struct, cap.ops, cap.sources
@@ -36,7 +40,7 @@ class Entry:
         self.n_in, self.n_out = len(cap.leaves), len(results)
         pos = {i: j for j, i in enumerate(arg_order(cap))}
         self.template: list[Any] = [None] * len(pos)
-        self.arg_in, self.cap_in, self.key_in, self.host_in = [], [], [], []
+        self.arg_in, self.cap_in, self.grad_in, self.key_in, self.host_in = [], [], [], [], []
         for k, (src, n) in enumerate(zip(cap.sources, cap.leaves)):
             if k not in pos:  # a baked constant
                 continue
@@ -45,6 +49,8 @@ class Entry:
                 self.arg_in.append((i, src[1], n.hash))
             elif kind == "cap":
                 self.cap_in.append((i, src[1], src[2]))
+            elif kind == "grad":
+                self.grad_in.append((i, src[1], src[2]))
             elif kind == "key":
                 self.key_in.append(i)
             elif kind == "host":
@@ -62,7 +68,7 @@ class Entry:
         ns = len(cap.state)
         self.state_w = [(src, *keys[j]) for j, (src, _) in enumerate(cap.state)]
         self.grad_w = [(ref, meta, *keys[ns + j]) for j, (ref, meta) in enumerate(cap.grads)]
-        self.grad_guard = [ref for ref, _ in cap.grads]
+        self.grad_present, self.cleared = cap.grad_present, cap.cleared
         self.alias_in = [(pos[i], refs) for i, refs in cap.aliases if i in pos]
         j = ns + len(cap.grads)
         self.out_w = []
@@ -91,6 +97,19 @@ class Entry:
                 return (f"captured tensor (program input {i}, shape {list(s.meta[0])}) changed shape, dtype "
                         f"or sharding, or holds pending ops")
             inputs[i] = v.data
+        for ref, had in self.grad_present:
+            p = ref()
+            if p is None:
+                return "a parameter of the traced call was freed"
+            if (p.grad is not None) is not had:
+                return (f"{GRADS_CHANGED}: a parameter of shape {list(p.shape)} "
+                        + ("had a gradient when traced and has none now" if had else
+                           "had no gradient when traced and has one now (zero_grad(set_to_none=False)?)"))
+        for i, holders, h in self.grad_in:
+            v = _grad_value(holders, h)
+            if type(v) is str:
+                return v
+            inputs[i] = v
         for i in self.key_in:
             inputs[i] = next_key()
         for i, k, dtype in self.host_in:
@@ -101,10 +120,6 @@ class Entry:
                 s = ref()
                 if s is None or s.value.data is not inputs[i]:
                     return SHARED_SPLIT + f" (program input {i})"
-        for ref in self.grad_guard:
-            p = ref()
-            if p is None or p.grad is not None:
-                return "a parameter that had no gradient when traced has one now (zero_grad(set_to_none=False)?)"
         if self.donate:
             ids = {id(inputs[i]) for i in self.donate}
             if len(ids) < len(self.donate) or any(id(inputs[i]) in ids for i in self.keep):
@@ -118,7 +133,8 @@ class Entry:
         """
         nodes: dict[int, Node] = {}
         for src, r, key, h in self.state_w:
-            s = flat[src[1]]._storage if src[0] == "arg" else src[1]()
+            kind = src[0]
+            s = flat[src[1]]._storage if kind == "arg" else src[1][0][0]().grad._storage if kind == "grad" else src[1]()
             node = nodes.get(r)
             if node is None:
                 node = nodes[r] = Node(DATA, key, (), h, None, results[r])
@@ -126,6 +142,8 @@ class Entry:
             s.version += 1
         for ref, meta, r, key, h in self.grad_w:
             ref().grad = new_tensor(meta, Node(DATA, key, (), h, None, results[r]))
+        for ref in self.cleared:
+            ref().grad = None
         outs = []
         for it in self.out_w:
             if it[0] == "t":
@@ -133,6 +151,26 @@ class Entry:
             else:
                 outs.append(it[1])
         return pytree.tree_unflatten(outs, self.out_spec)
+
+
+def _grad_value(holders: list, h: int) -> Any:
+    """The array of the gradient the first of ``holders`` (``(parameter ref, view chain key)``)
+    holds, or why it does not fit: no gradient, another view chain or storage, pending ops."""
+    storage = None
+    for ref, chain in holders:
+        p = ref()
+        g = None if p is None else p.grad
+        if not isinstance(g, LazyTensor) or chain_key(g) != chain:
+            return f"{GRADS_CHANGED}: a gradient is missing or is another view than when traced"
+        if storage is None:
+            storage = g._storage
+        elif g._storage is not storage:
+            return f"{GRADS_CHANGED}: gradients that were views of one tensor when traced no longer are"
+    v = storage.value
+    if v.hash != h:
+        return (f"{GRADS_CHANGED}: a gradient (shape {list(storage.meta[0])}) changed shape, dtype or sharding, "
+                f"or holds pending ops")
+    return v.data
 
 
 def baked_constants(cap: Capture) -> dict[int, Any]:
@@ -177,6 +215,8 @@ def compare(entry: Entry, cap: Capture) -> str | None:
             return f"program input {i} comes from {s1[0]!r}, was {s0[0]!r}"
         if s0[0] == "cap" and s0[1]() is not s1[1]():
             return f"program input {i} reads a different tensor than when traced"
+        if s0[0] == "grad" and s0[1][0][0]() is not s1[1][0][0]():
+            return f"program input {i} reads the gradient of a different parameter than when traced"
         if s0[0] in ("arg", "host") and s0[1] != s1[1]:
             return f"program input {i} reads argument #{s1[1]}, was #{s0[1]}"
         if s0[0] == "const" and not _same(s0[1], s1[1]):
