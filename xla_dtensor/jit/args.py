@@ -2,10 +2,9 @@
 
 The signature of a call is a hashable tuple: every lazy tensor appears as its
 metadata (shape, dtype, stride) plus its view chain, a CPU tensor as (shape, dtype),
-an ``nn.Module`` by identity and training flag, an optimizer by identity, state size,
-scalar hyperparameters and which parameters have a gradient (the step skips the others),
-and any other value by value (by identity if
-unhashable). Tensors, modules and optimizers are also collected, in order, into
+an ``nn.Module`` by identity and training flag, an optimizer by identity, state size
+and scalar hyperparameters, and any other value by value (by identity if unhashable).
+Tensors, modules and optimizers are also collected, in order, into
 ``flat``: the replay reads a call's inputs from there by position.
 """
 from __future__ import annotations
@@ -22,10 +21,6 @@ _SCALARS = (int, float, bool, str, complex, type(None))
 def _hyper(opt: torch.optim.Optimizer) -> tuple:
     return tuple(tuple((k, v) for k, v in g.items() if k != "params" and type(v) in _SCALARS + (tuple,))
                  for g in opt.param_groups)
-
-
-def _has_grad(opt: torch.optim.Optimizer) -> tuple:
-    return tuple([p.grad is not None for g in opt.param_groups for p in g["params"]])
 
 
 def chain_key(t: LazyTensor) -> tuple:
@@ -53,7 +48,7 @@ def _sig(x: Any, flat: list) -> Any:
         return ("M", id(x), x.training)
     if isinstance(x, torch.optim.Optimizer):
         flat.append(x)
-        return ("O", id(x), len(x.state), _hyper(x), _has_grad(x))
+        return ("O", id(x), len(x.state), _hyper(x))
     try:
         hash(x)
     except TypeError:
@@ -100,8 +95,7 @@ def _words(s: Any) -> str:
     if isinstance(s, tuple) and s and s[0] == "H":
         return f"CPU tensor {str(s[2]).replace('torch.', '')}{list(s[1])}"
     if isinstance(s, tuple) and s and s[0] == "O":
-        return (f"optimizer with {s[2]} state entries, {sum(s[4])} of {len(s[4])} parameters with a gradient, "
-                f"hyperparameters {s[3]}")
+        return f"optimizer with {s[2]} state entries, hyperparameters {s[3]}"
     if isinstance(s, tuple) and s and s[0] == "M":
         return f"module (training={s[2]})"
     if isinstance(s, tuple) and len(s) == 2 and isinstance(s[0], type):

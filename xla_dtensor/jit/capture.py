@@ -21,8 +21,9 @@ input, and, where their updates are provably equal, one output. The replay check
 still share it (``aliases``).
 
 Gradients: the replay checks that each parameter has a gradient exactly when it had
-one at trace time (``grad_present``); it sets those ``fn`` created or replaced
-(``grads``) and clears those ``fn`` set to None (``cleared``: ``zero_grad()`` inside).
+one at trace time (``grad_present``; if not, it traces a new program for the signature);
+it sets those ``fn`` created or replaced (``grads``) and clears those ``fn`` set to None
+(``cleared``: ``zero_grad()`` inside).
 
 NOTE: constants are exact only if ``fn`` has no data-dependent Python; a capture
 that read device values on the host (``host_reads``) or a freed input (``freed``) is

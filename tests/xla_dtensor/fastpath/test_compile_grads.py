@@ -102,8 +102,8 @@ def test_a_parameter_without_gradient_is_a_new_program_not_a_graph_change(dev):
             torch.testing.assert_close(p.cpu(), q.detach(), rtol=1e-4, atol=1e-6, msg=name)
     d = metrics.diff(before)
     # traces: state creation, steady state (replayed at call 3), the pattern without the embedding's
-    # gradient (a signature of its own), then the steady state again with the embedding's step count one
-    # behind the others (no longer one shared value: a new program, replayed at call 6)
+    # gradient (a new program), then the full pattern again, with the embedding's step count one behind
+    # the others (no longer one shared value: another new program, replayed at call 6)
     assert (d["compile_traces"], d["compile_replays"]) == (4, 2), d
 
 
