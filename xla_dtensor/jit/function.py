@@ -110,6 +110,14 @@ class CompiledFunction:
             reason = "graph changed earlier: traced on every call"
         return self._trace(sig, flat, args, kwargs, reason, e)
 
+    def _lazy_from_now(self, sig: tuple, out: Any, why: Warning) -> Any:
+        """Warn ``why``, run this call's graph, and run ``sig`` lazily (traced) from now on."""
+        warnings.warn(why, stacklevel=4)
+        self._lazy.add(sig)
+        executor.sync()
+        _mark_clean()
+        return out
+
     def _run_lazily(self, args: tuple, kwargs: dict) -> Any:
         metrics._COUNTS["compile_lazy_calls"] += 1
         out = self._fn(*args, **kwargs)
@@ -133,25 +141,17 @@ class CompiledFunction:
         recheck = old is not None and reason.startswith("periodic")
         metrics._COUNTS["compile_rechecks" if recheck else "compile_traces"] += 1
         if cap.host_reads:
-            warnings.warn(DataDependentWarning(
+            return self._lazy_from_now(sig, out, DataDependentWarning(
                 f"compile({self._name}): the function read {cap.host_reads} device value(s) on the host while "
                 f"tracing (.item(), .cpu(), print, Python control flow on tensors); its graph may depend on data, "
-                f"so it runs lazily (traced) on every call with this signature"), stacklevel=3)
-            self._lazy.add(sig)
-            executor.sync()
-            _mark_clean()
-            return out
+                f"so it runs lazily (traced) on every call with this signature"))
         if cap.freed:
             shapes = ", ".join(str(list(sh)) for sh in cap.freed[:3]) + (", ..." if len(cap.freed) > 3 else "")
-            warnings.warn(FreedInputWarning(
+            return self._lazy_from_now(sig, out, FreedInputWarning(
                 f"compile({self._name}): the function read {len(cap.freed)} tensor(s) (shape {shapes}) that it "
                 f"freed and that no argument, parameter gradient or live tensor reaches, so a later call could not "
                 f"find their values; it runs lazily (traced) on every call with this signature. Pass such "
-                f"tensors as arguments"), stacklevel=3)
-            self._lazy.add(sig)
-            executor.sync()
-            _mark_clean()
-            return out
+                f"tensors as arguments"))
         if cap.split_merge:  # equal scalars shared for this trace were written with different values
             self._unshared.add(sig)
             analysis.event("trace", f"compile call ({reason}; shared equal scalars diverged: not cached, traced "
