@@ -24,7 +24,11 @@ from xla_dtensor.random import next_key
 
 SHARED_SPLIT = "tensors that held one value when traced (equal optimizer step counters) no longer do"
 GRADS_CHANGED = "gradients differ from the traced call"
-NEW_PROGRAM = (SHARED_SPLIT, GRADS_CHANGED)  # reasons that call for a different program, not a changed graph
+
+
+class NewProgram(str):
+    """Why a call does not fit its signature's program when the fit is a different program on
+    purpose (shared step counters split, other gradients), not a changed graph."""
 
 
 class Entry:
@@ -102,12 +106,12 @@ class Entry:
             if p is None:
                 return "a parameter of the traced call was freed"
             if (p.grad is not None) is not had:
-                return (f"{GRADS_CHANGED}: a parameter of shape {list(p.shape)} "
-                        + ("had a gradient when traced and has none now" if had else
-                           "had no gradient when traced and has one now (zero_grad(set_to_none=False)?)"))
+                return NewProgram(f"{GRADS_CHANGED}: a parameter of shape {list(p.shape)} "
+                                  + ("had a gradient when traced and has none now" if had else
+                                     "had no gradient when traced and has one now (zero_grad(set_to_none=False)?)"))
         for i, holders, h in self.grad_in:
             v = _grad_value(holders, h)
-            if type(v) is str:
+            if type(v) is NewProgram:
                 return v
             inputs[i] = v
         for i in self.key_in:
@@ -119,7 +123,7 @@ class Entry:
             for ref in refs:
                 s = ref()
                 if s is None or s.value.data is not inputs[i]:
-                    return SHARED_SPLIT + f" (program input {i})"
+                    return NewProgram(SHARED_SPLIT + f" (program input {i})")
         if self.donate:
             ids = {id(inputs[i]) for i in self.donate}
             if len(ids) < len(self.donate) or any(id(inputs[i]) in ids for i in self.keep):
@@ -155,21 +159,22 @@ class Entry:
 
 def _grad_value(holders: list, h: int) -> Any:
     """The array of the gradient the first of ``holders`` (``(parameter ref, view chain key)``)
-    holds, or why it does not fit: no gradient, another view chain or storage, pending ops."""
+    holds, or why it does not fit (a :class:`NewProgram`): no gradient, another view chain or
+    storage, pending ops."""
     storage = None
     for ref, chain in holders:
         p = ref()
         g = None if p is None else p.grad
         if not isinstance(g, LazyTensor) or chain_key(g) != chain:
-            return f"{GRADS_CHANGED}: a gradient is missing or is another view than when traced"
+            return NewProgram(f"{GRADS_CHANGED}: a gradient is missing or is another view than when traced")
         if storage is None:
             storage = g._storage
         elif g._storage is not storage:
-            return f"{GRADS_CHANGED}: gradients that were views of one tensor when traced no longer are"
+            return NewProgram(f"{GRADS_CHANGED}: gradients that were views of one tensor when traced no longer are")
     v = storage.value
     if v.hash != h:
-        return (f"{GRADS_CHANGED}: a gradient (shape {list(storage.meta[0])}) changed shape, dtype or sharding, "
-                f"or holds pending ops")
+        return NewProgram(f"{GRADS_CHANGED}: a gradient (shape {list(storage.meta[0])}) changed shape, dtype or "
+                          f"sharding, or holds pending ops")
     return v.data
 
 
