@@ -156,9 +156,7 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     before = {id(s): (weakref.ref(s), s.value) for s in sorted(LIVE, key=_seq)}
     start = next(T._SEQ)
     params = _params(flat)
-    grad_at = _grad_holders(params)
-    # NOTE: weak references: a strong one would keep a gradient that fn clears alive
-    grad_before = {id(p): weakref.ref(p.grad) for p in params if p.grad is not None}
+    grad_at, grad_before = _grads_at_start(params)
     host0 = metrics._COUNTS["transfers_to_host"]
     out = fn(*args, **kwargs)
     host_reads = metrics._COUNTS["transfers_to_host"] - host0
@@ -232,15 +230,23 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     return cap, out
 
 
-def _grad_holders(params: list[torch.Tensor]) -> dict[int, list]:
-    """id(storage) -> [(weakref to parameter, view chain key)] of the parameters whose
-    gradient is (a view of) that storage at the start of a call."""
-    out: dict[int, list] = {}
+def _grads_at_start(params: list[torch.Tensor]) -> tuple[dict[int, list], dict[int, Any]]:
+    """The parameters' gradients at the start of a call: id(storage) -> [(weakref to parameter,
+    view chain key)] of the parameters whose gradient is (a view of) that storage, and
+    id(parameter) -> weakref to its gradient.
+
+    NOTE: weak references: a strong one would keep a gradient that ``fn`` clears alive.
+    """
+    at: dict[int, list] = {}
+    before: dict[int, Any] = {}
     for p in params:
         g = p.grad
+        if g is None:
+            continue
+        before[id(p)] = weakref.ref(g)
         if isinstance(g, LazyTensor):
-            out.setdefault(id(g._storage), []).append((weakref.ref(p), chain_key(g)))
-    return out
+            at.setdefault(id(g._storage), []).append((weakref.ref(p), chain_key(g)))
+    return at, before
 
 
 def _seq(s: Storage) -> int:
