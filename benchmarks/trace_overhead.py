@@ -17,15 +17,17 @@ parameters in and results out), and the same model written directly in JAX
 layers; for scale, torch's own eager mode on CPU kernels and the JAX model run op by op
 (not jitted: JAX's eager mode). For each: host ms/step (until the step call returns), this thread's CPU ms in
 that call, and step ms (back-to-back steps, then a wait). Last, eager vs compile mode
-on growing model sizes.
+on growing model sizes; and what packing the pure-JAX step's state into flat buffers
+(one per kind instead of one per tensor) would buy in host time and cost in step time.
 Prints medians and ratios; saves ``benchmarks/results/trace_overhead.png``. A
 benchmark, not a test.
 
 Usage: PYTHONPATH=. python benchmarks/trace_overhead.py [--n 2000] [--reps 7] [--skip-ops] [--eager-only]
+[--packed-only]
 
 ``--eager-only``: just compile mode and eager mode (default and fused AdamW) on the 2-layer
 model (host ms, CPU ms, step ms, eager ops per step) and the eager-vs-compile size table;
-prints, saves nothing.
+prints, saves nothing. ``--packed-only``: just the packed-state table; prints, saves nothing.
 """
 from __future__ import annotations
 
@@ -413,6 +415,73 @@ def bench_eager_sizes(reps: int, sizes: tuple = EAGER_SIZES) -> Sizes:
     return out
 
 
+Packed = dict[int, dict[str, tuple[float, float, float]]]
+
+
+def bench_packed(reps: int, layers: tuple[int, ...] = (2, 6)) -> Packed:
+    """What packing the state into flat buffers would buy and cost, measured on the pure-JAX step.
+
+    Per layer count: ``{"separate" | "packed": (host CPU ms of the call, ms timed to
+    completion, ms a step back to back)}``, medians; the two run interleaved in a new seeded
+    order every round, from the same weights, and their losses must agree. ``packed`` is
+    :func:`gpt2_jax.make_packed_train_step` (4 state buffers instead of one per parameter,
+    moment and step count): the per-buffer host cost of a call goes, but the program now
+    slices and concatenates the whole state every step.
+    """
+    from benchmarks.models import gpt2_jax
+    out: Packed = {}
+    for n_layer in layers:
+        torch.manual_seed(0)
+        model = GPT2(_cfg(n_layer))
+        ji = jax.numpy.asarray(torch.randint(0, 128, (4, 32)).numpy())
+        sep, _ = _jax_runner(gpt2_jax.make_train_step(model.cfg.n_head, lr=1e-3, wd=0.01), model, ji)
+        pstep, box = gpt2_jax.make_packed_train_step(model.cfg.n_head, gpt2_jax.params_from_torch(model))
+
+        def packed() -> Any:
+            *state, loss = pstep(*box, ji, ji)
+            box[:] = state
+            return loss
+        runs = [("separate", sep), ("packed", packed)]
+        for _, run in runs:
+            for _ in range(3):
+                jax.block_until_ready(run())
+        cpu: dict[str, list[float]] = {"separate": [], "packed": []}
+        done: dict[str, list[float]] = {"separate": [], "packed": []}
+        b2b: dict[str, list[float]] = {"separate": [], "packed": []}
+        rng = random.Random(0)
+        for _ in range(reps):
+            rng.shuffle(runs)
+            for name, run in runs:
+                t0, c0 = time.perf_counter(), time.thread_time()
+                loss = run()
+                cpu[name].append((time.thread_time() - c0) * 1e3)
+                jax.block_until_ready(loss)
+                done[name].append((time.perf_counter() - t0) * 1e3)
+            for name, run in runs:
+                t0 = time.perf_counter()
+                for _ in range(10):
+                    loss = run()
+                jax.block_until_ready(loss)
+                b2b[name].append((time.perf_counter() - t0) / 10 * 1e3)
+        ls, lp = float(sep()), float(packed())
+        if abs(ls - lp) > 1e-5 * max(1.0, abs(ls)):
+            raise AssertionError(f"packed and separate state give different losses at {n_layer} layers: {lp} vs {ls}")
+        out[n_layer] = {k: (statistics.median(cpu[k]), statistics.median(done[k]), statistics.median(b2b[k]))
+                        for k in cpu}
+    return out
+
+
+def _packed_table(packed: Packed) -> list[str]:
+    """The lines of :func:`bench_packed`'s table."""
+    lines = [f"{'layers':<8}{'state':<10}{'host CPU ms':>12}{'to completion ms':>18}{'back to back ms':>17}"]
+    for n_layer, rows in packed.items():
+        for k, (c, d, b) in rows.items():
+            lines.append(f"{n_layer:<8}{k:<10}{c:>12.3f}{d:>18.3f}{b:>17.3f}")
+        (cs, ds, bs), (cp, dp, bp) = rows["separate"], rows["packed"]
+        lines.append(f"{'':<8}{'packed/sep':<10}{cp / cs:>12.2f}{dp / ds:>18.2f}{bp / bs:>17.2f}")
+    return lines
+
+
 def _eager_only(reps: int) -> None:
     """Compile mode vs eager mode (default and fused AdamW) on the default model, then the size
     table (``--eager-only``)."""
@@ -458,7 +527,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--skip-ops", action="store_true", help="only the per-mode GPT-2 step tables")
     ap.add_argument("--eager-only", action="store_true", help="only compile vs eager mode; prints, saves nothing")
+    ap.add_argument("--packed-only", action="store_true", help="only the packed-state table; prints, saves nothing")
     a = ap.parse_args()
+    if a.packed_only:
+        print("\n".join(_packed_table(bench_packed(max(a.reps, 10) * 2))))
+        return
     if a.eager_only:
         _eager_only(max(a.reps, 5))
         return
@@ -504,10 +577,19 @@ def main() -> None:
     say("\nEager vs compile mode by model size (GPT-2, 2 layers, AdamW; interleaved medians; losses equal)")
     for line in _size_table(sizes):
         say(line)
+    packed = bench_packed(max(a.reps, 10) * 2)
+    say("\nPure JAX with its state packed into flat buffers (parameters, first and second moments: one buffer "
+        "each) vs one buffer per tensor; interleaved medians, losses equal")
+    for line in _packed_table(packed):
+        say(line)
     say("\ntargets")
     say(f"  compile-mode host CPU <= 1 ms/step: 2 layers {modes['compile'][1]:.3f} ms, 3x ops "
         f"{modes['compile, 3x ops'][1]:.3f} ms, 6 layers {modes['compile (6 layers)'][1]:.3f} ms "
         f"(pure JAX itself: {modes['pure JAX'][1]:.3f} / {modes['pure JAX (6 layers)'][1]:.3f} ms at 2 / 6 layers)")
+    p6 = packed[max(packed)]
+    say(f"    packing the state would take pure JAX at {max(packed)} layers from {p6['separate'][0]:.3f} to "
+        f"{p6['packed'][0]:.3f} ms of host CPU, at {p6['packed'][2] / p6['separate'][2]:.2f}x its back-to-back "
+        f"step time on XLA CPU")
     say(f"  compile-mode step <= 1.05x pure JAX: {FAIR['compile'] / FAIR['JAX']:.2f}x (interleaved)")
     say("  eager >= 0.4x compile throughput: " + ", ".join(
         f"{e}x{t}x{b} {c / ea:.2f} ({c / ef:.2f} with fused AdamW)" for (e, t, b), c, ea, ef in sizes))

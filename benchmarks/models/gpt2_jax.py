@@ -4,7 +4,8 @@
 targets, cfg)`` is the same forward (tied embeddings, pre-LN blocks, tanh GELU, causal
 SDPA, mean cross-entropy); ``adamw_step`` is torch's AdamW update (decoupled weight
 decay, bias correction). ``make_train_step(cfg, lr, wd)`` returns a jitted
-``(params, state, idx, targets) -> (params, state, loss)`` with donated params/state.
+``(params, state, idx, targets) -> (params, state, loss)`` with donated params/state;
+``make_packed_train_step`` the same step over flat parameter and moment buffers.
 
 Example:
     >>> import torch
@@ -107,3 +108,23 @@ def make_train_step(n_head: int, lr: float = 1e-3, wd: float = 0.01, b1: float =
         return step
     # NOTE: the same buffers as compile mode's program: params and optimizer state donated, batch not.
     return jax.jit(step, donate_argnums=(0, 1))
+
+
+def make_packed_train_step(n_head: int, params: dict, lr: float = 1e-3, wd: float = 0.01) -> tuple[Any, list]:
+    """:func:`make_train_step` with the parameters and both moments each packed into one flat
+    buffer: a jitted ``(P, M, V, step, idx, targets) -> (P, M, V, step, loss)`` (all but the
+    batch donated), and its first inputs from ``params``.
+
+    The program slices and reshapes the flat buffers, runs the same step, and concatenates
+    the results: four state buffers instead of three per parameter, the same math.
+    """
+    from jax.flatten_util import ravel_pytree
+    flat, unravel = ravel_pytree(params)
+    step = make_train_step(n_head, lr=lr, wd=wd, jit=False)
+
+    def packed(P: jnp.ndarray, M: jnp.ndarray, V: jnp.ndarray, n: jnp.ndarray, idx: jnp.ndarray,
+               targets: jnp.ndarray) -> tuple:
+        p, s, loss = step(unravel(P), {"m": unravel(M), "v": unravel(V), "step": n}, idx, targets)
+        return ravel_pytree(p)[0], ravel_pytree(s["m"])[0], ravel_pytree(s["v"])[0], s["step"], loss
+    first = [jnp.array(flat), jnp.zeros_like(flat), jnp.zeros_like(flat), jnp.zeros((), jnp.float32)]
+    return jax.jit(packed, donate_argnums=(0, 1, 2, 3)), first

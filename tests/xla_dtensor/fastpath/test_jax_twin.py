@@ -35,3 +35,18 @@ def test_jax_twin_train_steps_match_torch_cpu_in_float32(per_param_steps):
     assert not re.findall(r"tensor<\d+(?:x\d+)*xf64>", hlo)
     assert all(leaf.dtype == jnp.float32 for leaf in jax.tree_util.tree_leaves(params))
     torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=0)
+
+
+def test_packed_twin_matches_torch_cpu_and_passes_four_state_buffers():
+    model, bs = tiny_gpt2(), batches(3, seed=12)
+    ref = cpu_losses(copy.deepcopy(model), bs, lambda p: adamw(p))
+    n_params = sum(p.numel() for p in model.parameters())
+    step, state = gpt2_jax.make_packed_train_step(model.cfg.n_head, gpt2_jax.params_from_torch(model),
+                                                  lr=3e-3, wd=0.1)
+    assert [s.shape for s in state] == [(n_params,)] * 3 + [()]
+    got = []
+    for x, y in bs:
+        *state, loss = step(*state, jnp.asarray(x.numpy()), jnp.asarray(y.numpy()))
+        got.append(float(loss))
+    assert all(s.dtype == jnp.float32 for s in state)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=0)
