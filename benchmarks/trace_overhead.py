@@ -315,6 +315,27 @@ def _jax_runner(step: Any, model: GPT2, ji: Any, per_param_steps: bool = False) 
     return run, n_inputs
 
 
+def _interleaved(runs: dict[str, Callable[[], Any]], reps: int) -> dict[str, list[Any]]:
+    """Each run's results over ``reps`` rounds of one call of each, in a new seeded order every
+    round (see :func:`_fair_compare` for why)."""
+    names, rng = list(runs), random.Random(0)
+    out: dict[str, list[Any]] = {k: [] for k in runs}
+    for _ in range(reps):
+        rng.shuffle(names)
+        for k in names:
+            out[k].append(runs[k]())
+    return out
+
+
+def _ms_to_completion(run: Callable[[], Any]) -> Callable[[], float]:
+    """``run`` (which returns once its step has completed), timed: ms per call."""
+    def timed() -> float:
+        t0 = time.perf_counter()
+        run()
+        return (time.perf_counter() - t0) * 1e3
+    return timed
+
+
 def _fair_compare(cstep, jstep, jstep_counts, reps: int, program_only) -> dict[str, float]:  # noqa: ANN001
     """Compile mode vs pure JAX, interleaved step by step on the same machine state.
 
@@ -340,19 +361,10 @@ def _fair_compare(cstep, jstep, jstep_counts, reps: int, program_only) -> dict[s
         jstep()
         jstep_counts()
     xla_dtensor.wait()
-    times: dict[str, list[float]] = {"compile": [], "JAX": [], "JAX counts": [], "program": []}
-    runs = [("compile", run_compile), ("JAX", lambda: jax.block_until_ready(jstep())),
-            ("JAX counts", lambda: jax.block_until_ready(jstep_counts())), ("program", None)]
-    rng = random.Random(0)
-    for _ in range(reps):
-        rng.shuffle(runs)
-        for name, run in runs:
-            if run is None:
-                times[name].append(program_only())
-                continue
-            t0 = time.perf_counter()
-            run()
-            times[name].append((time.perf_counter() - t0) * 1e3)
+    times = _interleaved({"compile": _ms_to_completion(run_compile),
+                          "JAX": _ms_to_completion(lambda: jax.block_until_ready(jstep())),
+                          "JAX counts": _ms_to_completion(lambda: jax.block_until_ready(jstep_counts())),
+                          "program": program_only}, reps)
     return {**{k: statistics.median(v) for k, v in times.items()},
             "loss compile": first[0], "loss JAX": first[1], "loss JAX counts": first[2]}
 
@@ -395,17 +407,8 @@ def bench_eager_sizes(reps: int, sizes: tuple = EAGER_SIZES) -> Sizes:
             eager(me, oe)
             eager(mf, of)
         xla_dtensor.wait()
-        times: dict[str, list[float]] = {"compile": [], "eager": [], "fused": []}
-        runs = [("compile", lambda: cstep(mc, oc, x, y).item()), ("eager", lambda: eager(me, oe).item()),
-                ("fused", lambda: eager(mf, of).item())]
-        rng = random.Random(0)
-        for _ in range(reps):
-            rng.shuffle(runs)  # a new seeded order every round (see _fair_compare)
-            for name, run in runs:
-                t0 = time.perf_counter()
-                run()
-                xla_dtensor.wait()
-                times[name].append((time.perf_counter() - t0) * 1e3)
+        steps = {"compile": lambda: cstep(mc, oc, x, y), "eager": lambda: eager(me, oe), "fused": lambda: eager(mf, of)}
+        times = _interleaved({k: _ms_to_completion(lambda f=f: _item_and_wait(f())) for k, f in steps.items()}, reps)
         tc, te, tf = times["compile"], times["eager"], times["fused"]
         lc, le, lf = cstep(mc, oc, x, y).item(), eager(me, oe).detach().item(), eager(mf, of).detach().item()
         for name, got in (("eager", le), ("eager with fused AdamW", lf)):
@@ -415,6 +418,12 @@ def bench_eager_sizes(reps: int, sizes: tuple = EAGER_SIZES) -> Sizes:
     return out
 
 
+def _item_and_wait(loss: torch.Tensor) -> None:
+    """Read a step's loss on the host, then wait for everything pending."""
+    loss.item()
+    xla_dtensor.wait()
+
+
 Packed = dict[int, dict[str, tuple[float, float, float]]]
 
 
@@ -422,8 +431,9 @@ def bench_packed(reps: int, layers: tuple[int, ...] = (2, 6)) -> Packed:
     """What packing the state into flat buffers would buy and cost, measured on the pure-JAX step.
 
     Per layer count: ``{"separate" | "packed": (host CPU ms of the call, ms timed to
-    completion, ms a step back to back)}``, medians; the two run interleaved in a new seeded
-    order every round, from the same weights, and their losses must agree. ``packed`` is
+    completion, ms a step back to back)}``, medians (:func:`_cpu_done_b2b`); the two run
+    interleaved in a new seeded order every round, from the same weights, and their losses
+    must agree. ``packed`` is
     :func:`gpt2_jax.make_packed_train_step` (4 state buffers instead of one per parameter,
     moment and step count): the per-buffer host cost of a call goes, but the program now
     slices and concatenates the whole state every step.
@@ -441,34 +451,30 @@ def bench_packed(reps: int, layers: tuple[int, ...] = (2, 6)) -> Packed:
             *state, loss = pstep(*box, ji, ji)
             box[:] = state
             return loss
-        runs = [("separate", sep), ("packed", packed)]
-        for _, run in runs:
+        for run in (sep, packed):
             for _ in range(3):
                 jax.block_until_ready(run())
-        cpu: dict[str, list[float]] = {"separate": [], "packed": []}
-        done: dict[str, list[float]] = {"separate": [], "packed": []}
-        b2b: dict[str, list[float]] = {"separate": [], "packed": []}
-        rng = random.Random(0)
-        for _ in range(reps):
-            rng.shuffle(runs)
-            for name, run in runs:
-                t0, c0 = time.perf_counter(), time.thread_time()
-                loss = run()
-                cpu[name].append((time.thread_time() - c0) * 1e3)
-                jax.block_until_ready(loss)
-                done[name].append((time.perf_counter() - t0) * 1e3)
-            for name, run in runs:
-                t0 = time.perf_counter()
-                for _ in range(10):
-                    loss = run()
-                jax.block_until_ready(loss)
-                b2b[name].append((time.perf_counter() - t0) / 10 * 1e3)
+        rounds = _interleaved({"separate": lambda: _cpu_done_b2b(sep), "packed": lambda: _cpu_done_b2b(packed)}, reps)
         ls, lp = float(sep()), float(packed())
         if abs(ls - lp) > 1e-5 * max(1.0, abs(ls)):
             raise AssertionError(f"packed and separate state give different losses at {n_layer} layers: {lp} vs {ls}")
-        out[n_layer] = {k: (statistics.median(cpu[k]), statistics.median(done[k]), statistics.median(b2b[k]))
-                        for k in cpu}
+        out[n_layer] = {k: tuple(statistics.median(col) for col in zip(*v)) for k, v in rounds.items()}
     return out
+
+
+def _cpu_done_b2b(run: Callable[[], Any]) -> tuple[float, float, float]:
+    """One step of ``run`` (a pure-JAX step returning its loss): this thread's CPU ms in the call
+    and ms to completion; then ms a step over 10 back to back."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    loss = run()
+    cpu = (time.thread_time() - c0) * 1e3
+    jax.block_until_ready(loss)
+    done = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    for _ in range(10):
+        loss = run()
+    jax.block_until_ready(loss)
+    return cpu, done, (time.perf_counter() - t0) / 10 * 1e3
 
 
 def _packed_table(packed: Packed) -> list[str]:
