@@ -14,7 +14,9 @@ optimizer step under ``compile``), ``torch.compile(backend="xla_dtensor")`` (a C
 model: dynamo cannot yet fakify jax-device tensors, so each step also copies
 parameters in and results out), and the same model written directly in JAX
 (``benchmarks/models/gpt2_jax.py``, weights copied) under ``jax.jit``, at 2 and 6
-layers; for scale, torch's own eager mode on CPU kernels and the JAX model run op by op
+layers; for scale, torch's own eager mode on CPU kernels, the same behind a Python
+tensor subclass that only forwards to them (the floor of any eager mode dispatched in
+Python, ``benchmarks/_subclass_floor.py``) and the JAX model run op by op
 (not jitted: JAX's eager mode). For each: host ms/step (until the step call returns), this thread's CPU ms in
 that call, and step ms (back-to-back steps, then a wait). Last, eager vs compile mode
 on growing model sizes; and what packing the pure-JAX step's state into flat buffers
@@ -291,9 +293,24 @@ def bench_modes(reps: int) -> dict[str, tuple[float, float, float]]:
     mn = copy.deepcopy(base)  # the reference for eager mode: torch's own eager on CPU kernels, no subclass
     optn = torch.optim.AdamW(mn.parameters(), lr=1e-3)
     res["torch eager (CPU)"] = _time_mode(lambda: _train_step(mn, optn, idx, idx), reps)
+    res.update(_floor_modes(base, idx, reps))
     raw = gpt2_jax.make_train_step(base.cfg.n_head, lr=1e-3, wd=0.01, jit=False)
     jax_eager, _ = _jax_runner(raw, base, ji)  # not jitted: JAX's own eager mode, every primitive alone
     res["pure JAX, op by op"] = _time_mode(jax_eager, min(reps, 5), warm=2)
+    return res
+
+
+def _floor_modes(base: GPT2, idx: torch.Tensor, reps: int) -> dict[str, tuple[float, float, float]]:
+    """The eager floor rows: the step on torch's CPU kernels seen through a Python subclass that only
+    forwards (``benchmarks/_subclass_floor.py``), with foreach and with fused AdamW (eager mode's two
+    optimizer paths)."""
+    from benchmarks._subclass_floor import PassThrough, wrap_parameters
+    x = PassThrough(idx)
+    res = {}
+    for name, kw in (("subclass floor", {"foreach": True}), ("subclass floor, fused", {"fused": True})):
+        m = wrap_parameters(copy.deepcopy(base))
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3, **kw)
+        res[name] = _time_mode(lambda m=m, opt=opt: _train_step(m, opt, x, x), reps)
     return res
 
 
@@ -511,6 +528,7 @@ def _eager_only(reps: int) -> None:
             n_ops[name] = metrics.diff(before)["eager_ops"]
     finally:
         xla_dtensor.eager_mode(False)
+    res.update(_floor_modes(base, d.cpu(), max(reps, 10)))
     print("GPT-2 train step (2 layers, n_embd 64, batch 4x32, AdamW), medians")
     print(f"{'mode':<20}{'host ms/step':>13}{'host CPU ms':>12}{'step ms':>9}{'eager ops':>10}"
           f"{'throughput vs compile':>23}")
@@ -605,6 +623,10 @@ def main() -> None:
     say(f"    for scale, 64x32x4: JAX's own op-by-op mode runs at {jstep / modes['pure JAX, op by op'][2]:.3f}x "
         f"of its jit; eager mode is {modes['pure JAX, op by op'][2] / modes['eager'][2]:.1f}x faster than it; "
         f"torch's own CPU eager step is {modes['torch eager (CPU)'][2]:.2f} ms")
+    say(f"    the floor of a Python-subclass eager mode, 64x32x4: torch's CPU kernels behind a subclass that only "
+        f"forwards run at {ctput / modes['subclass floor'][2]:.2f} (foreach AdamW) / "
+        f"{ctput / modes['subclass floor, fused'][2]:.2f} (fused) of compile mode's throughput, before any "
+        f"executable call or bookkeeping")
     _plot(ops, modes, sizes)
     out = Path(__file__).resolve().parent / "results" / "trace_overhead.png"
     table = out.with_suffix(".md")
