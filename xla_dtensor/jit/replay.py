@@ -70,7 +70,19 @@ class Entry:
             leaf = data_leaf(results[r], meta[0], meta[1])
             keys.append((r, leaf.key, leaf.hash))
         ns = len(cap.state)
-        self.state_w = [(src, *keys[j]) for j, (src, _) in enumerate(cap.state)]
+        # per result: its leaf key and hash, the captured storages it is written to (by weak
+        # reference: the common case, parameters and optimizer state) and the others
+        # (arguments, gradients). NOTE: one loop per result, not per storage: 0.54 -> 0.45 ms
+        # (with the freeing of the replaced values) for the 6-layer GPT-2's 400 storages
+        groups: dict[int, tuple] = {}
+        for j, (src, _) in enumerate(cap.state):
+            r, key, h = keys[j]
+            g = groups.setdefault(r, (r, key, h, [], []))
+            if src[0] == "cap":
+                g[3].append(src[1])
+            else:
+                g[4].append(src)
+        self.state_w = list(groups.values())
         self.grad_w = [(ref, meta, *keys[ns + j]) for j, (ref, meta) in enumerate(cap.grads)]
         self.grad_present, self.cleared = cap.grad_present, cap.cleared
         self.alias_in = [(pos[i], refs) for i, refs in cap.aliases if i in pos]
@@ -135,15 +147,16 @@ class Entry:
 
         Storages written with one result share one value node (so they stay one input).
         """
-        nodes: dict[int, Node] = {}
-        for src, r, key, h in self.state_w:
-            kind = src[0]
-            s = flat[src[1]]._storage if kind == "arg" else src[1][0][0]().grad._storage if kind == "grad" else src[1]()
-            node = nodes.get(r)
-            if node is None:
-                node = nodes[r] = Node(DATA, key, (), h, None, results[r])
-            s.value = node
-            s.version += 1
+        for r, key, h, refs, others in self.state_w:
+            node = Node(DATA, key, (), h, None, results[r])
+            for ref in refs:
+                s = ref()
+                s.value = node
+                s.version += 1
+            for src in others:
+                s = flat[src[1]]._storage if src[0] == "arg" else src[1][0][0]().grad._storage
+                s.value = node
+                s.version += 1
         for ref, meta, r, key, h in self.grad_w:
             ref().grad = new_tensor(meta, Node(DATA, key, (), h, None, results[r]))
         for ref in self.cleared:
