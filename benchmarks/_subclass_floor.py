@@ -39,7 +39,7 @@ class PassThrough(torch.Tensor):
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         # NOTE: flat loops, not pytree: tree_map on every op took the GPT-2 step from ~6 to ~11 ms
         a = [_inner(x) if type(x) is not list else [_inner(y) for y in x] for x in args]
-        out = func(*a, **kwargs) if kwargs else func(*a)
+        out = func(*a, **{k: _inner(v) for k, v in kwargs.items()}) if kwargs else func(*a)
         if type(out) is torch.Tensor:
             return PassThrough(out)
         if type(out) in (tuple, list):

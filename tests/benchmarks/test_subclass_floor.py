@@ -34,3 +34,9 @@ def test_list_results_and_repr():
     assert [type(o) for o in out] == [PassThrough, PassThrough]
     assert torch.equal(unwrap(out[1]), b * 2)
     assert repr(PassThrough(a)).startswith("PassThrough(tensor(")
+
+
+def test_keyword_tensor_arguments_are_unwrapped():
+    a, o = torch.randn(3), PassThrough(torch.empty(3))
+    torch.mul(PassThrough(a), 2, out=o)  # out= reaches __torch_dispatch__ as a keyword argument
+    assert torch.equal(unwrap(o), a * 2)
