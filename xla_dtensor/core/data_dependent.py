@@ -3,7 +3,7 @@
 ``nonzero`` (and ``torch.where(cond)``, ``argwhere``), ``masked_select`` and indexing
 with a boolean mask (``x[mask]``) need the mask's values to know their output
 shape (``unique`` runs on the host copy of its input; ``bincount`` reads its input's
-range and goes on with a static length). Like torch_xla, the device reads the mask back (``sync`` of what it needs,
+range and ``repeat_interleave(repeats)`` their total, then go on with a static length). Like torch_xla, the device reads the mask back (``sync`` of what it needs,
 counted in ``transfers_to_host``), finds the indices on the host, and continues
 lazily with integer indices. Inside ``xla_dtensor.compile`` such a read makes the
 function run lazily (a ``DataDependentWarning``). Assigning through a boolean mask
@@ -135,8 +135,21 @@ def _bincount(op: Any, args: tuple, kwargs: dict) -> Any:
     return record(op, (x, weights, length), {})
 
 
+def _repeat_interleave(op: Any, args: tuple, kwargs: dict) -> Any:
+    """``repeat_interleave(repeats)``: the total read on the host (one read) unless ``output_size`` is given."""
+    repeats = args[0]
+    if kwargs.get("output_size") is not None or not isinstance(repeats, LazyTensor):
+        return record(op, args, kwargs)
+    if repeats.dim() > 1:
+        raise RuntimeError(f"repeat_interleave only accept 1D vector as repeat (got shape {list(repeats.shape)})")
+    size = int(to_cpu(aten.sum.default(repeats)).item()) if repeats.numel() else 0
+    return record(op, (repeats,), {"output_size": size})
+
+
 SPECIAL.update({
     aten.bincount.default: _bincount,
+    aten.repeat_interleave.Tensor: _repeat_interleave,
+    aten._unique.default: _on_host,
     aten._unique2.default: _on_host,
     aten.unique_dim.default: _on_host,
     aten.unique_consecutive.default: _on_host,

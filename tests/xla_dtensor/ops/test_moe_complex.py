@@ -69,6 +69,14 @@ def test_histc_on_device_with_scalar_parameters(dev: torch.device) -> None:
         torch.histc(x.to(dev), 8, 3, 1)
 
 
+def test_histogram_matches_cpu() -> None:
+    x = T(50, low=-1, high=5)
+    check(aten.histogram.bin_ct, x, 6, jit=True)
+    check(aten.histogram.bin_ct, x, 4, range=[0.0, 3.0], weight=T(50, low=0, high=2), density=True, jit=True)
+    check(aten.histogram.bin_ct, torch.full((4,), 2.0), 4, jit=True)  # empty range: widened by 0.5
+    check(aten.histogram.bin_ct, T(3, 4, dtype=f64), 5, range=[-1.0, 1.0], jit=True)
+
+
 # ---------------------------------------------------------------- bincount
 
 
@@ -99,6 +107,33 @@ def test_bincount_bad_input(dev: torch.device) -> None:
         torch.bincount(torch.tensor([[1, 2]]).to(dev))
     with pytest.raises(RuntimeError, match="same length"):
         torch.bincount(torch.tensor([1, 2]).to(dev), weights=torch.ones(3).to(dev))
+
+
+def test_repeat_interleave_and_nonzero_static_match_cpu(dev: torch.device) -> None:
+    r = torch.tensor([2, 0, 3, 1])
+    x = T(4, 3)
+    for dt in (i64, i32):
+        want = torch.repeat_interleave(r.to(dt))
+        got = torch.repeat_interleave(r.to(dt).to(dev)).cpu()  # the length is read on the host
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    torch.testing.assert_close(torch.repeat_interleave(x.to(dev), r.to(dev), dim=0).cpu(),
+                               torch.repeat_interleave(x, r, dim=0))
+    check(aten.repeat_interleave.Tensor, r, output_size=6)  # a given size: no host read
+    m = torch.tensor([[0, 3, 0], [5, 0, 1]])
+    check(aten.nonzero_static.default, m, size=5, fill_value=-2, strides=False)
+    check(aten.nonzero_static.default, m, size=2, strides=False)
+
+
+def test_data_dependent_op_without_a_host_path_names_the_op_and_line(dev: torch.device) -> None:
+    from xla_dtensor.core.dispatch import record
+    from xla_dtensor.core.entries import DataDependentShapeError
+    x, m = torch.ones(3).to(dev), torch.tensor([True, False, True]).to(dev)
+    with pytest.raises(DataDependentShapeError, match="masked_select") as e:
+        record(aten.masked_select.default, (x, m), {})  # the dispatcher's host-read path bypassed
+    assert f"{__file__}:" in str(e.value)
+    with pytest.raises(NotImplementedError, match="special_zeta") as e2:
+        torch.special.zeta(x, x)
+    assert f"{__file__}:" in str(e2.value)
 
 
 # ---------------------------------------------------------------- _grouped_mm
