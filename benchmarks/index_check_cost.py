@@ -25,6 +25,7 @@ from typing import Any
 import xla_dtensor  # noqa: I001  (sets up devices before jax)
 import torch
 
+from benchmarks._plots import paired_bars
 from benchmarks.models import GPT2, GPT2Config
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -91,19 +92,9 @@ def main() -> None:
     (RESULTS / "index_check_cost.md").write_text("\n".join(lines) + "\n")
     (RESULTS / "index_check_cost.json").write_text(json.dumps(rows, indent=1))
     print("\n".join(lines))
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    x = range(len(rows))
-    ax.bar([i - 0.2 for i in x], [r["off_ms"] for r in rows], 0.4, label="check_indices off")
-    ax.bar([i + 0.2 for i in x], [r["on_ms"] for r in rows], 0.4, label="check_indices on")
-    ax.set_xticks(list(x), [r["mode"] for r in rows])
-    ax.set_ylabel("ms / step")
-    ax.set_title("GPT-2 step: cost of index bounds checks")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "index_check_cost.png", dpi=120)
+    paired_bars(RESULTS / "index_check_cost.png", [r["mode"] for r in rows], [r["off_ms"] for r in rows],
+                [r["on_ms"] for r in rows], ("check_indices off", "check_indices on"), "ms / step",
+                "GPT-2 step: cost of index bounds checks")
 
 
 if __name__ == "__main__":
