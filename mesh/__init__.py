@@ -14,7 +14,8 @@ ensure_virtual_cpu_devices()
 
 from mesh.errors import AxisError, DeviceIdError, MeshError, MeshShapeError, TopologyError  # noqa: E402
 from mesh.hybrid import HybridMesh, group_granules, hybrid_device_order  # noqa: E402
-from mesh.mesh import Mesh, from_torch, get_global_mesh, set_global_mesh  # noqa: E402
+from mesh.mesh import Mesh, get_global_mesh, set_global_mesh  # noqa: E402
+from mesh.torch_bridge import from_torch  # noqa: E402
 from mesh.presets import PRESETS, SystemPreset, topology_for  # noqa: E402
 from mesh.topology import COLLECTIVES, DeviceSpec, Link, Topology  # noqa: E402
 
