@@ -16,6 +16,7 @@ from typing import Any, Callable
 from torch import nn
 
 from mesh import Mesh
+from xla_dtensor.sharding import ShardingError
 from xla_dtensor.spmd import annotate as A
 from xla_dtensor.spmd.api import distribute_tensor
 from xla_dtensor.spmd.errors import AlreadyDistributedError
@@ -73,11 +74,15 @@ def distribute_module(module: nn.Module, device_mesh: Any = None,
     if partition_fn is not None:
         call = _partition_caller(partition_fn)
         saved = _tensors_of(module)
+        name = ""
         try:
             for name, sub in list(module.named_modules()):
                 call(name, sub, mesh_arg)
-        except BaseException:
+        except BaseException as e:
             _restore(saved)  # NOTE: a failing partition_fn leaves the module as it was
+            if isinstance(e, ShardingError) and len(e.args) == 1:
+                where = f"{type(module).__name__}" + (f".{name}" if name else "")
+                raise type(e)(f"distribute_module: partition_fn on {where}: {e}") from e
             raise
     _replicate_rest(module, m)
     if input_fn is not None:
