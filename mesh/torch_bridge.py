@@ -4,7 +4,10 @@ A mesh torch sliced (``dm["tp"]``, ``dm["dp", "tp"]``) or flattened (``dm._flatt
 keeps a reference to its root; the result here is the matching sub-mesh of the root
 :class:`Mesh` (see :meth:`Mesh.__getitem__`, :meth:`Mesh.flatten`), so a placement on it
 means "replicated along the root's other axes", as in DTensor. Which root axes each
-sub-mesh axis spans is read from the device ids, not from torch's private layout.
+sub-mesh axis spans is read from the device ids. A mesh torch unflattened from its root
+(``world._unflatten(0, (2, 4), ("dp", "tp"))``, as torchtitan builds its meshes) covers
+the root's devices and becomes a root of its own; a slice of it becomes a sub-mesh of a
+root ``("_rest", *its axes)`` over the same devices.
 """
 from __future__ import annotations
 
@@ -30,16 +33,34 @@ def from_torch(device_mesh: Any) -> Mesh:
         raise TypeError(f"from_torch expects a DeviceMesh of device type 'xla', got "
                         f"{device_mesh.device_type!r}")
     root_dm = getattr(device_mesh, "_root_mesh", None)
-    if root_dm is None or root_dm is device_mesh:
-        ids = np.asarray(_grid(device_mesh))
-        return Mesh(ids.reshape(-1), ids.shape, device_mesh.mesh_dim_names)
-    root = from_torch(root_dm)
     block = np.asarray(_grid(device_mesh))
     names = device_mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(block.ndim))
-    groups = tuple(_spanned_root_axes(root, block, j, names[j]) for j in range(block.ndim))
+    if root_dm is None or root_dm is device_mesh:
+        return Mesh(block.reshape(-1), block.shape, device_mesh.mesh_dim_names)
+    root = from_torch(root_dm)
+    if block.size == root.size() and block.ndim > 1 and _covers(device_mesh):
+        return Mesh(block.reshape(-1), block.shape, names)  # an unflattened root: a root itself
+    try:
+        groups = tuple(_spanned_root_axes(root, block, j, names[j]) for j in range(block.ndim))
+    except AxisError:  # axes cut out of a root axis (torch's _unflatten): a finer root
+        root, groups = _refined_root(device_mesh, names), tuple((i + 1,) for i in range(block.ndim))
     sub = Mesh(block.reshape(-1), block.shape, names)
     sub._parent, sub._parent_axes = root, groups
     return sub
+
+
+def _covers(device_mesh: Any) -> bool:
+    """Whether ``device_mesh`` is all of its root (one group), not one group of several."""
+    layout = getattr(device_mesh, "_layout", None)
+    return layout is None or layout.remap_to_tensor(device_mesh._rank_map).shape[0] == 1
+
+
+def _refined_root(device_mesh: Any, names: tuple[str, ...]) -> Mesh:
+    """A root over all devices whose axes are ``("_rest", *names)``: the groups of
+    ``device_mesh`` along a first axis, then its own axes (for a mesh torch cut out of
+    parts of its root's axes, which no slice of the root's axes describes)."""
+    full = np.asarray(device_mesh._layout.remap_to_tensor(device_mesh._rank_map).tolist())
+    return Mesh(full.reshape(-1), full.shape, ("_rest",) + tuple(names))
 
 
 def _grid(device_mesh: Any) -> Any:
