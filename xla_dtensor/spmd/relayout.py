@@ -43,10 +43,10 @@ def constraint_for(spec: ShardingSpec) -> jax.sharding.NamedSharding | None:
 
     Example:
         >>> from mesh import Mesh
-        >>> from torch.distributed.tensor import Replicate, Shard
+        >>> from torch.distributed.tensor import Shard
         >>> m = Mesh(range(8), (2, 4), ("dp", "tp"))
         >>> constraint_for(ShardingSpec.from_placements(m["tp"], [Shard(1)], 3)).spec
-        PartitionSpec(UNCONSTRAINED, 'tp', UNCONSTRAINED)
+        P(UNCONSTRAINED, 'tp', UNCONSTRAINED)
     """
     root = spec.reduced().on_root()
     pspec = list(root.to_jax_pspec()) + [None] * (spec.ndim - len(root.to_jax_pspec()))
@@ -70,11 +70,11 @@ def grad_spec_of(spec: ShardingSpec | None) -> ShardingSpec | None:
     return None if spec is None else spec.reduced()
 
 
-def laid_out(x: LazyTensor, spec: ShardingSpec) -> Any:
-    """``x``'s value laid out as ``spec``: device data moves now, a pending value is
-    constrained (or left alone when ``spec`` pins nothing)."""
+def laid_out(x: LazyTensor, spec: ShardingSpec, move: bool = True) -> Any:
+    """``x``'s value laid out as ``spec``: device data moves now (``move``), a pending value
+    is constrained (or left alone when ``spec`` pins nothing)."""
     v = value_of(x)
-    if v.op == DATA and isinstance(v.data, jax.Array) and not spec.is_partial:
+    if move and v.op == DATA and isinstance(v.data, jax.Array) and not spec.is_partial:
         return L.reshard(v, tuple(x.shape), x.dtype, spec)
     sharding = constraint_for(spec)
     return v if sharding is None else L.constrain(v, sharding)
@@ -90,16 +90,18 @@ def _constrain_grad(grad: torch.Tensor | None, spec: ShardingSpec | None) -> tor
 
 
 class Relayout(torch.autograd.Function):
-    """``x`` laid out as ``spec``; the gradient laid out as ``grad_spec`` (``None``: free)."""
+    """``x`` laid out as ``spec``; the gradient laid out as ``grad_spec`` (``None``: free).
+    ``move=False``: device data gets a constraint in the next program instead of moving now."""
 
     @staticmethod
-    def forward(ctx: Any, x: LazyTensor, spec: ShardingSpec, grad_spec: ShardingSpec | None) -> LazyTensor:  # noqa: ANN401
+    def forward(ctx: Any, x: LazyTensor, spec: ShardingSpec, grad_spec: ShardingSpec | None,  # noqa: ANN401
+                move: bool = True) -> LazyTensor:
         ctx.grad_spec = grad_spec
-        return new_tensor(x._meta, laid_out(x, spec))
+        return new_tensor(x._meta, laid_out(x, spec, move))
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None, None]:
-        return _constrain_grad(grad, ctx.grad_spec), None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None, None, None]:
+        return _constrain_grad(grad, ctx.grad_spec), None, None, None
 
 
 class Alias(torch.autograd.Function):
