@@ -6,8 +6,9 @@ keeps a reference to its root; the result here is the matching sub-mesh of the r
 means "replicated along the root's other axes", as in DTensor. Which root axes each
 sub-mesh axis spans is read from the device ids. A mesh torch unflattened from its root
 (``world._unflatten(0, (2, 4), ("dp", "tp"))``, as torchtitan builds its meshes) covers
-the root's devices and becomes a root of its own; a slice of it becomes a sub-mesh of a
-root ``("_rest", *its axes)`` over the same devices.
+the root's devices and becomes a root of its own; a slice of it, whose axes cut the
+root's axes, becomes a sub-mesh of a finer root over the same devices in the same
+order, whose other axes are named ``_rest0``, ``_rest1``, ...
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def from_torch(device_mesh: Any) -> Mesh:
     try:
         groups = tuple(_spanned_root_axes(root, block, j, names[j]) for j in range(block.ndim))
     except AxisError:  # axes cut out of a root axis (torch's _unflatten): a finer root
-        root, groups = _refined_root(device_mesh, names), tuple((i + 1,) for i in range(block.ndim))
+        root, groups = _refined_root(root, block, names)
     sub = Mesh(block.reshape(-1), block.shape, names)
     sub._parent, sub._parent_axes = root, groups
     return sub
@@ -55,12 +56,36 @@ def _covers(device_mesh: Any) -> bool:
     return layout is None or layout.remap_to_tensor(device_mesh._rank_map).shape[0] == 1
 
 
-def _refined_root(device_mesh: Any, names: tuple[str, ...]) -> Mesh:
-    """A root over all devices whose axes are ``("_rest", *names)``: the groups of
-    ``device_mesh`` along a first axis, then its own axes (for a mesh torch cut out of
-    parts of its root's axes, which no slice of the root's axes describes)."""
-    full = np.asarray(device_mesh._layout.remap_to_tensor(device_mesh._rank_map).tolist())
-    return Mesh(full.reshape(-1), full.shape, ("_rest",) + tuple(names))
+def _refined_root(root: Mesh, block: np.ndarray, names: tuple[str, ...]) -> tuple[Mesh, tuple[tuple[int, ...], ...]]:
+    """A root over ``root``'s devices, in ``root``'s order, whose axes are ``block``'s axes
+    and the gaps between them (``_rest0``, ...), each a row-major stride of that order.
+
+    The device order must stay the root's: one XLA program cannot mix layouts over the
+    same devices in two orders. Raises :class:`AxisError` when ``block`` is no strided
+    sub-grid of the root's order.
+    """
+    pos = {d: i for i, d in enumerate(root.device_ids)}
+    base = pos[int(block.flat[0])]
+    axes = []  # (stride, size, name): the sub-mesh's axes by their stride in the root's order
+    for j, n in enumerate(block.shape):
+        unit = tuple(1 if k == j else 0 for k in range(block.ndim))
+        axes.append((pos[int(block[unit])] - base if n > 1 else 0, n, names[j]))
+    atoms, reach = [], 1
+    for stride, n, name in sorted(a for a in axes if a[1] > 1):
+        if stride % reach:
+            raise AxisError(f"sub-mesh axis {name!r} (stride {stride}) overlaps another axis in {root!r}")
+        if stride > reach:
+            atoms.append((reach, stride // reach, f"_rest{len(atoms)}"))
+        atoms.append((stride, n, name))
+        reach = stride * n
+    if root.size() % reach:
+        raise AxisError(f"sub-mesh {names} does not tile the {root.size()} devices of {root!r}")
+    if root.size() > reach:
+        atoms.append((reach, root.size() // reach, f"_rest{len(atoms)}"))
+    atoms.sort(key=lambda a: -a[0])  # the largest stride is the major axis
+    refined = Mesh(root.device_ids, [a[1] for a in atoms], [a[2] for a in atoms])
+    order = [a[2] for a in atoms]
+    return refined, tuple((order.index(name),) if n > 1 else () for _, n, name in axes)
 
 
 def _grid(device_mesh: Any) -> Any:

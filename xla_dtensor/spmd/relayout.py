@@ -3,9 +3,9 @@
 
 Under single-controller SPMD a layout change never changes a value, only where its
 pieces live. So every DTensor-style conversion on a lazy tensor is a *sharding
-constraint* on the global value: device data is moved at once, a pending value gets a
-constraint node, and XLA inserts the collectives (all-gather, reduce-scatter,
-all-reduce, all-to-all) between the layouts it is given.
+constraint* on the global value, applied in the next program (device data included),
+and XLA inserts the collectives (all-gather, reduce-scatter, all-reduce, all-to-all)
+between the layouts it is given.
 
 The backward pass gets a layout too, as in DTensor: the gradient of a relayout from
 ``src`` to ``dst`` is constrained to ``src`` (a ``Partial`` source to ``Replicate``),
@@ -70,14 +70,23 @@ def grad_spec_of(spec: ShardingSpec | None) -> ShardingSpec | None:
     return None if spec is None else spec.reduced()
 
 
-def laid_out(x: LazyTensor, spec: ShardingSpec, move: bool = True) -> Any:
-    """``x``'s value laid out as ``spec``: device data moves now (``move``), a pending value
-    is constrained (or left alone when ``spec`` pins nothing)."""
+def laid_out(x: LazyTensor, spec: ShardingSpec) -> Any:
+    """``x``'s value constrained to ``spec`` (left alone when ``spec`` pins nothing).
+
+    NOTE: device data is not moved now but constrained in the next program: a move made
+    while ``xla_dtensor.compile`` traces a step would be baked into the replay as a
+    constant (the first batch's tokens, say), not redone for each call's arguments. Only
+    data on the same devices in another order moves now (one program cannot hold both).
+    """
     v = value_of(x)
-    if move and v.op == DATA and isinstance(v.data, jax.Array) and not spec.is_partial:
-        return L.reshard(v, tuple(x.shape), x.dtype, spec)
+    if v.op == DATA and isinstance(v.data, jax.Array) and _device_order(v.data) != spec.mesh.root.device_ids:
+        return L.reshard(v, tuple(x.shape), x.dtype, spec.reduced())
     sharding = constraint_for(spec)
     return v if sharding is None else L.constrain(v, sharding)
+
+
+def _device_order(arr: jax.Array) -> tuple[int, ...]:
+    return tuple(d.id for d in arr.sharding._device_assignment)
 
 
 def _constrain_grad(grad: torch.Tensor | None, spec: ShardingSpec | None) -> torch.Tensor | None:
@@ -90,18 +99,16 @@ def _constrain_grad(grad: torch.Tensor | None, spec: ShardingSpec | None) -> tor
 
 
 class Relayout(torch.autograd.Function):
-    """``x`` laid out as ``spec``; the gradient laid out as ``grad_spec`` (``None``: free).
-    ``move=False``: device data gets a constraint in the next program instead of moving now."""
+    """``x`` laid out as ``spec``; the gradient laid out as ``grad_spec`` (``None``: free)."""
 
     @staticmethod
-    def forward(ctx: Any, x: LazyTensor, spec: ShardingSpec, grad_spec: ShardingSpec | None,  # noqa: ANN401
-                move: bool = True) -> LazyTensor:
+    def forward(ctx: Any, x: LazyTensor, spec: ShardingSpec, grad_spec: ShardingSpec | None) -> LazyTensor:  # noqa: ANN401
         ctx.grad_spec = grad_spec
-        return new_tensor(x._meta, laid_out(x, spec, move))
+        return new_tensor(x._meta, laid_out(x, spec))
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None, None, None]:
-        return _constrain_grad(grad, ctx.grad_spec), None, None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None, None]:
+        return _constrain_grad(grad, ctx.grad_spec), None, None
 
 
 class Alias(torch.autograd.Function):

@@ -61,8 +61,7 @@ def constrain_activation(x: LazyTensor, mesh: Any, placements: Any) -> LazyTenso
     """``x`` (differentiably) constrained to ``placements`` on ``mesh``; a plain lazy tensor.
 
     Like ``DTensor.from_local(x, mesh, placements).to_local()``, except that the gradient
-    is left to the partitioner and device data is constrained in the next program rather
-    than moved now (FSDP's batch split and AUTO's activation layouts use it). On a
+    is left to the partitioner (FSDP's batch split and AUTO's activation layouts use it). On a
     sub-mesh (``mesh["tp"]``) the dims the placements leave whole are left to the
     partitioner, so the other mesh axes (say a batch split on ``"dp"``) keep what
     propagation gives them.
@@ -76,7 +75,7 @@ def constrain_activation(x: LazyTensor, mesh: Any, placements: Any) -> LazyTenso
         ((8, 4), 'LazyTensor')
     """
     spec = ShardingSpec.from_placements(A.as_mesh(mesh), _as_list(placements), x.dim())
-    return R.Relayout.apply(x, spec, None, False)
+    return R.Relayout.apply(x, spec, None)
 
 
 def _as_list(placements: Any) -> list[Any]:

@@ -69,4 +69,10 @@ def test_unflattened_meshes_as_torchtitan_builds_them():
     assert _owner_rows(d) == {dev: (2 * (dev % 4), 2 * (dev % 4) + 2) for dev in range(8)}
     x = distribute_tensor(torch.arange(8.).reshape(8, 1), dense, [Shard(0), Replicate()])
     assert _owner_rows(x) == {dev: (4 * (dev // 4), 4 * (dev // 4) + 4) for dev in range(8)}
-    torch.testing.assert_close((d + x).cpu(), 2 * torch.arange(8.).reshape(8, 1))
+    dp = dense["dp"]   # devices 0 and 4: a stride-4 cut of the world axis
+    assert dp.mesh.tolist() == [0, 4] and xs.as_mesh(dp).root.device_ids == tuple(range(8))
+    y = distribute_tensor(torch.arange(8.).reshape(8, 1), dp, [Shard(0)])
+    assert _owner_rows(y) == _owner_rows(x)
+    w = distribute_tensor(torch.arange(8.).reshape(8, 1), world, [Shard(0)])
+    # one program over layouts on four meshes of the same devices in the same order
+    torch.testing.assert_close((d + x + y + w).cpu(), 4 * torch.arange(8.).reshape(8, 1))
