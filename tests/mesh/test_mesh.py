@@ -96,5 +96,8 @@ def test_unknown_axis_and_device_errors_list_what_exists():
         mesh.axis_index(2)
     with pytest.raises(m.AxisError, match="twice"):
         mesh[("tp", "tp")]
-    with pytest.raises(m.DeviceIdError, match=r"\[8, 9\] are not among JAX's devices"):
-        m.Mesh(range(2, 10), (8,)).jax_mesh()
+    with pytest.raises(m.MeshDevicesError, match=r"\[8, 9\] that JAX does not have"):
+        m.Mesh(range(2, 10), (8,))
+    unchecked = m.Mesh(range(2, 10), (8,), validate=False)   # fails where devices are needed
+    with pytest.raises(m.MeshDevicesError, match=r"\[8, 9\] that JAX does not have"):
+        unchecked.jax_mesh()
