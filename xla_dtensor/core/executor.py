@@ -27,6 +27,9 @@ _CACHE: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 PRE_SYNC: list[Callable[[list[Storage]], None]] = []  # may rewrite pending storages' values
 POST_SYNC: list[Callable[[list[Storage]], None]] = []  # after the storages are rebound
 KEEP_PENDING: list[Callable[[Storage], bool]] = []  # materialize() leaves such a storage's value pending
+# NOTE: set while xla_dtensor.compile records a function: work on device data must become graph
+# nodes then (a layout change done at once would be baked into the program as a constant).
+CAPTURING = [False]
 # dead inputs (e.g. a step's batch) are donated too; XLA just cannot reuse some of them
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -225,8 +228,11 @@ def execute(roots: list[Node], donate: set[int] | None = None, partners: list[in
     return list(result)
 
 
-def sync(wait: bool = False) -> None:
+def sync(wait: bool = False, *, pre_hooks: bool = True) -> None:
     """Execute every live pending tensor in one program and rebind them to the results.
+
+    ``pre_hooks=False``: skip the ``PRE_SYNC`` hooks (the caller ran them on every pending
+    storage already: ``xla_dtensor.compile`` after recording a call).
 
     Example:
         >>> import torch, xla_dtensor
@@ -245,7 +251,7 @@ def sync(wait: bool = False) -> None:
     if not pending and not checks:
         return
     pending.sort(key=_seq)
-    for hook in PRE_SYNC:
+    for hook in PRE_SYNC if pre_hooks else ():
         hook(pending)
     roots = [s.value for s in pending] + [c.node for c in checks]
     donate = {id(n) for n in topo_order(roots) if n.fn is None and n.op == DATA
