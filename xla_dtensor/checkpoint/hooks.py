@@ -207,7 +207,10 @@ class _Session:
                 out[tuple(slice(0, n) for n in box[1])] = host[box[0]]
             return out
 
-        new = jax.make_array_from_callback(gshape, arr.sharding, fill)
+        if arr.committed:
+            new = jax.make_array_from_callback(gshape, arr.sharding, fill)
+        else:  # NOTE: data with no layout of its own stays uncommitted, as the core puts host data
+            new = jax.device_put(fill(tuple(slice(0, n) for n in gshape)))
         leaf = data_leaf(new, gshape, t.dtype)
         if pshape is not None:
             t._storage.value = L.unpad(leaf, shape, value_of(t).sharding)
