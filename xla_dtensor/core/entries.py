@@ -62,11 +62,18 @@ def _meta_of(t: Any) -> tuple | None:
     return (tuple(t.shape), t.dtype, tuple(t.stride()))
 
 
+# NOTE: meta kernels that reject inputs torch's CPU kernel accepts (``_grouped_mm``'s
+# wants bf16; CPU takes float32): the lowering's own shapes and checks stand in.
+_META_REJECTS_CPU_INPUTS = frozenset({torch.ops.aten._grouped_mm.default})
+
+
 def run_meta(op: Any, args: tuple, kwargs: dict) -> Any:
-    """``op`` on meta copies of the arguments; ``NotImplemented`` if it has no meta kernel.
+    """``op`` on meta copies of the arguments; ``NotImplemented`` if it has no (usable) meta kernel.
 
     Errors torch raises for bad input (shapes, dtypes) propagate unchanged.
     """
+    if op in _META_REJECTS_CPU_INPUTS:
+        return NotImplemented
     margs = tuple(_meta(a) for a in args)
     mkwargs = {k: _meta(v) for k, v in kwargs.items()}
     try:
