@@ -110,7 +110,7 @@ def _megatron(layers: str, col: tuple[str, ...], row: tuple[str, ...], norms: tu
 @_seeded
 def _gpt2() -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
-    cfg = GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=1, n_head=4, resid_pdrop=0.0,
                      bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1,
                      embd_pdrop=0.0, attn_pdrop=0.0)
     return GPT2LMHeadModel(cfg)
@@ -118,7 +118,7 @@ def _gpt2() -> nn.Module:
 
 def _llama_cfg(use_cache: bool) -> Any:
     from transformers import LlamaConfig
-    return LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    return LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
                        use_cache=use_cache)
 
@@ -143,7 +143,7 @@ def _gpt_neo() -> nn.Module:
 @_seeded
 def _bert() -> nn.Module:
     from transformers import BertConfig, BertForMaskedLM
-    cfg = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+    cfg = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                      intermediate_size=64, max_position_embeddings=16, hidden_dropout_prob=0.0,
                      attention_probs_dropout_prob=0.0)
     return BertForMaskedLM(cfg)
@@ -163,7 +163,7 @@ def _bert_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 @_seeded
 def _t5() -> nn.Module:
     from transformers import T5Config, T5ForConditionalGeneration
-    cfg = T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+    cfg = T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4,
                    relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
                    decoder_start_token_id=0, pad_token_id=0)
     return T5ForConditionalGeneration(cfg)
@@ -181,7 +181,7 @@ def _t5_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 @_seeded
 def _mixtral() -> nn.Module:
     from transformers import MixtralConfig, MixtralForCausalLM
-    cfg = MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    cfg = MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
                         max_position_embeddings=16, router_jitter_noise=0.0)
     return MixtralForCausalLM(cfg)
@@ -212,6 +212,10 @@ def _images(step: int, size: int = 32) -> Batch:
     return torch.randn(BATCH, 3, size, size, generator=g), torch.randint(0, 10, (BATCH,), generator=g)
 
 
+def _small_images(step: int) -> Batch:
+    return _images(step, 16)
+
+
 def _cls_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     x, y = batch
     return nn.functional.cross_entropy(model(x), y)
@@ -220,7 +224,7 @@ def _cls_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 @_seeded
 def _vit() -> nn.Module:
     import timm
-    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2,
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1,
                              num_classes=10)
 
 
@@ -235,7 +239,7 @@ def _resnet() -> nn.Module:
 def _titan() -> nn.Module:
     from torchtitan.models.llama3.model.args import TransformerModelArgs
     from torchtitan.models.llama3.model.model import Transformer
-    args = TransformerModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=VOCAB, max_seq_len=16,
+    args = TransformerModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=VOCAB, max_seq_len=16,
                                 rope_theta=500000)
     model = Transformer(args)
     with torch.no_grad():
@@ -288,9 +292,9 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("hf-mixtral", _HF, _mixtral, _causal_batch, _causal_loss, _MIXTRAL_PLAN,
              notes="MixtralForCausalLM, 4 experts top-2 (MoE routing: topk, one_hot, histc, index_add)"),
     ZooModel("timm-vit", "timm", _vit, _images, _cls_loss, None,
-             notes="vit_tiny_patch16_224 at img_size=32, patch 8, depth 2", needs=("timm",)),
-    ZooModel("timm-resnet18", "timm", _resnet, _images, _cls_loss, None,
-             notes="resnet18 (BatchNorm, num_batches_tracked buffers), 32x32 images", needs=("timm",)),
+             notes="vit_tiny_patch16_224 at img_size=32, patch 8, depth 1", needs=("timm",)),
+    ZooModel("timm-resnet18", "timm", _resnet, _small_images, _cls_loss, None,
+             notes="resnet18 (BatchNorm, num_batches_tracked buffers), 16x16 images", needs=("timm",)),
     ZooModel("titan-llama", "torchtitan", _titan, _causal_batch, _titan_loss, None, own_tp=_titan_tp,
-             notes="torchtitan 0.2 Llama 3 (complex rotary, SDPA), dim 64, 2 layers; TP: torchtitan's apply_tp"),
+             notes="torchtitan 0.2 Llama 3 (complex rotary, SDPA), dim 64, 1 layer; TP: torchtitan's apply_tp"),
 )}

@@ -6,6 +6,7 @@ Modes (what a user writes, unchanged model code):
 * ``single``: the model on the jax device, lazy (``sync()`` per step), one device.
 * ``compile``: the same step under ``xla_dtensor.compile``.
 * ``auto-1x8`` / ``auto-2x4``: ``distribute_module(model, mesh, partition_fn="AUTO")``.
+* ``dp``: replicated parameters, the batch split 8 ways (a baseline of the benchmark).
 * ``fsdp``: ``xla_dtensor.fsdp.shard_model`` on an 8-device ``fsdp`` axis.
 * ``tp`` / ``tp-sp``: torch's ``parallelize_module`` with the model's Megatron plan
   (``tp-sp``: with ``SequenceParallel``) on the ``tp`` axis of a 2x4 ``(dp, tp)``
@@ -32,6 +33,7 @@ from benchmarks.models.zoo import ZooModel
 __all__ = ["MODES", "Result", "train", "unsupported"]
 
 MODES = ("single", "compile", "auto-1x8", "auto-2x4", "fsdp", "tp", "tp-sp", "tp-own")
+BENCH_MODES = ("single", "dp", "fsdp", "tp", "tp-sp", "tp-own", "auto-1x8", "auto-2x4")  # dp: benchmark baseline
 WARMUP = 2  # steps that may compile: the first creates the optimizer state, the second is steady
 
 
@@ -47,8 +49,8 @@ class Result:
 
 def unsupported(zm: ZooModel, mode: str) -> str | None:
     """Why ``mode`` does not apply to ``zm`` (``None``: it does)."""
-    if mode not in MODES and mode != "cpu":
-        raise ValueError(f"unknown mode {mode!r}; modes: {('cpu',) + MODES}")
+    if mode not in MODES + ("cpu", "dp"):
+        raise ValueError(f"unknown mode {mode!r}; modes: {('cpu', 'dp') + MODES}")
     if mode in ("tp", "tp-sp") and zm.tp_plan is None:
         return f"{zm.name} has no Megatron plan (no attention/MLP linears to split)"
     if mode == "tp-own" and zm.own_tp is None:
@@ -95,6 +97,10 @@ def _apply(zm: ZooModel, model: nn.Module, mode: str, dev: torch.device) -> tupl
         shape = (1, 8) if mode == "auto-1x8" else (2, 4)
         xs.distribute_module(model, Mesh(range(8), shape, ("dp", "tp")), partition_fn="AUTO")
         return to_dev, {}
+    if mode == "dp":
+        mesh = Mesh(range(8), (8,), ("dp",))
+        model.to(dev)
+        return lambda t: xs.mark_sharding(t.to(dev), mesh, ("dp",) + (None,) * (t.dim() - 1)).global_tensor, {}
     if mode == "fsdp":
         from xla_dtensor.fsdp import shard_model
         shard_model(model, Mesh(range(8), (8,), ("fsdp",)))
