@@ -36,10 +36,11 @@ Plan = dict[str, Any]
 class ZooModel:
     """One third-party model: how to build it, feed it and (optionally) tensor-parallelize it.
 
-    ``tp_plan(sequence_parallel)`` returns ``(plan, extra)``: the ``parallelize_module``
-    plan (module path -> style) and the styles' ``extra`` notes; ``None`` when the model
-    has no Megatron plan (a CNN). ``own_tp``: the library's own TP function
-    ``fn(model, tp_mesh)`` (torchtitan's ``apply_tp``).
+    ``tp_plan(model, sequence_parallel)``: the Megatron ``parallelize_module`` plan
+    (module path -> torch style; :func:`xla_dtensor.spmd.plans.megatron_plan` for HF
+    models); it raises ``ValueError`` where the family has no sequence-parallel plan,
+    and is ``None`` when the model has no Megatron plan at all (a CNN). ``own_tp``: the
+    library's own TP function ``fn(model, tp_mesh)`` (torchtitan's ``apply_tp``).
     """
 
     name: str
@@ -47,7 +48,7 @@ class ZooModel:
     build: Callable[[], nn.Module]
     batch: Callable[[int], Batch]
     loss: Callable[[nn.Module, Batch], torch.Tensor]
-    tp_plan: Callable[[bool], Plan] | None = None
+    tp_plan: Callable[[nn.Module, bool], Plan] | None = None
     own_tp: Callable[[nn.Module, Any], None] | None = None
     notes: str = ""
     needs: tuple[str, ...] = field(default=())
@@ -76,35 +77,9 @@ def _causal_batch(step: int) -> Batch:
     return (_ids(step),)
 
 
-def _megatron(layers: str, col: tuple[str, ...], row: tuple[str, ...], norms: tuple[str, ...] = (),
-              prepare: tuple[tuple[str, str | None], ...] = ()) -> Callable[[bool], Plan]:
-    """The Megatron plan for the blocks under ``layers`` (paths relative to one block).
-
-    ``col`` linears are column-split (q/k/v, the MLP's input projections), ``row`` ones
-    row-split (attention output, MLP output). With ``sequence_parallel`` (torch's TP
-    tutorial): the ``norms`` run sequence-sharded (``SequenceParallel``), the row-split
-    outputs land sequence-sharded (a reduce-scatter instead of an all-reduce), and each
-    ``prepare`` module (path, keyword its hidden states come by or ``None`` for the first
-    positional argument) gathers its sequence-sharded input (``PrepareModuleInput``).
-    """
-    def plan(sequence_parallel: bool) -> Plan:
-        from torch.distributed.tensor import Replicate, Shard
-        from torch.distributed.tensor.parallel import (
-            ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel)
-
-        out: Plan = {f"{layers}.*.{name}": ColwiseParallel() for name in col}
-        for name in row:
-            out[f"{layers}.*.{name}"] = RowwiseParallel(output_layouts=Shard(1)) if sequence_parallel \
-                else RowwiseParallel()
-        if sequence_parallel:
-            out.update({f"{layers}.*.{name}": SequenceParallel() for name in norms})
-            for name, kw in prepare:
-                style = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)) \
-                    if kw is None else PrepareModuleInput(input_kwarg_layouts={kw: Shard(1)},
-                                                          desired_input_kwarg_layouts={kw: Replicate()})
-                out[f"{layers}.*.{name}"] = style
-        return out
-    return plan
+def _hf_plan(model: nn.Module, sequence_parallel: bool) -> Plan:
+    from xla_dtensor.spmd.plans import megatron_plan
+    return megatron_plan(model, sequence_parallel)
 
 
 @_seeded
@@ -258,38 +233,20 @@ def _titan_tp(model: nn.Module, tp_mesh: Any) -> None:
     apply_tp(model, tp_mesh, loss_parallel=False, enable_float8_tensorwise_tp=False)
 
 
-_GPT2_PLAN = _megatron("transformer.h", ("attn.c_attn", "mlp.c_fc"), ("attn.c_proj", "mlp.c_proj"),
-                       ("ln_1", "ln_2"), (("attn", None), ("mlp", None)))
-_LLAMA_PLAN = _megatron("model.layers", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                         "mlp.gate_proj", "mlp.up_proj"), ("self_attn.o_proj", "mlp.down_proj"),
-                        ("input_layernorm", "post_attention_layernorm"),
-                        (("self_attn", "hidden_states"), ("mlp", None)))
-_NEO_PLAN = _megatron("transformer.h", ("attn.attention.q_proj", "attn.attention.k_proj", "attn.attention.v_proj",
-                                        "mlp.c_fc"), ("attn.attention.out_proj", "mlp.c_proj"),
-                      ("ln_1", "ln_2"), (("attn", None), ("mlp", None)))
-_BERT_PLAN = _megatron("bert.encoder.layer", ("attention.self.query", "attention.self.key", "attention.self.value",
-                                              "intermediate.dense"), ("attention.output.dense", "output.dense"))
-_T5_PLAN = _megatron("encoder.block", ("layer.0.SelfAttention.q", "layer.0.SelfAttention.k",
-                                       "layer.0.SelfAttention.v", "layer.1.DenseReluDense.wi"),
-                     ("layer.0.SelfAttention.o", "layer.1.DenseReluDense.wo"))
-_MIXTRAL_PLAN = _megatron("model.layers", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-                          ("self_attn.o_proj",), ("input_layernorm", "post_attention_layernorm"),
-                          (("self_attn", "hidden_states"),))
-
 _HF = "HF transformers"
 ZOO: dict[str, ZooModel] = {m.name: m for m in (
-    ZooModel("hf-gpt2", _HF, _gpt2, _causal_batch, _causal_loss, _GPT2_PLAN,
+    ZooModel("hf-gpt2", _HF, _gpt2, _causal_batch, _causal_loss, _hf_plan,
              notes="GPT2LMHeadModel; Conv1D projections (c_attn is q|k|v fused)"),
-    ZooModel("hf-llama", _HF, _llama(False), _causal_batch, _causal_loss, _LLAMA_PLAN,
+    ZooModel("hf-llama", _HF, _llama(False), _causal_batch, _causal_loss, _hf_plan,
              notes="LlamaForCausalLM, GQA (4 heads, 2 KV heads), use_cache=False"),
-    ZooModel("hf-llama-cache", _HF, _llama(True), _causal_batch, _causal_loss, _LLAMA_PLAN,
+    ZooModel("hf-llama-cache", _HF, _llama(True), _causal_batch, _causal_loss, _hf_plan,
              notes="LlamaForCausalLM, GQA, use_cache=True (the forward returns KV-cache tensors)"),
-    ZooModel("hf-gpt-neo", _HF, _gpt_neo, _causal_batch, _causal_loss, _NEO_PLAN,
+    ZooModel("hf-gpt-neo", _HF, _gpt_neo, _causal_batch, _causal_loss, _hf_plan,
              notes="GPTNeoForCausalLM, global + local attention layers, use_cache=True"),
-    ZooModel("hf-bert", _HF, _bert, _bert_batch, _bert_loss, _BERT_PLAN, notes="BertForMaskedLM"),
-    ZooModel("hf-t5", _HF, _t5, _t5_batch, _t5_loss, _T5_PLAN,
+    ZooModel("hf-bert", _HF, _bert, _bert_batch, _bert_loss, _hf_plan, notes="BertForMaskedLM"),
+    ZooModel("hf-t5", _HF, _t5, _t5_batch, _t5_loss, _hf_plan,
              notes="T5ForConditionalGeneration, encoder-decoder, relative position buckets, use_cache=True"),
-    ZooModel("hf-mixtral", _HF, _mixtral, _causal_batch, _causal_loss, _MIXTRAL_PLAN,
+    ZooModel("hf-mixtral", _HF, _mixtral, _causal_batch, _causal_loss, _hf_plan,
              notes="MixtralForCausalLM, 4 experts top-2 (MoE routing: topk, one_hot, histc, index_add)"),
     ZooModel("timm-vit", "timm", _vit, _images, _cls_loss, None,
              notes="vit_tiny_patch16_224 at img_size=32, patch 8, depth 1", needs=("timm",)),

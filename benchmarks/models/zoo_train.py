@@ -53,6 +53,11 @@ def unsupported(zm: ZooModel, mode: str) -> str | None:
         raise ValueError(f"unknown mode {mode!r}; modes: {('cpu', 'dp') + MODES}")
     if mode in ("tp", "tp-sp") and zm.tp_plan is None:
         return f"{zm.name} has no Megatron plan (no attention/MLP linears to split)"
+    if mode == "tp-sp":
+        try:
+            zm.tp_plan(zm.build(), True)
+        except ValueError as e:
+            return str(e)
     if mode == "tp-own" and zm.own_tp is None:
         return f"{zm.name}'s library ships no TP function of its own"
     return None
@@ -112,7 +117,7 @@ def _apply(zm: ZooModel, model: nn.Module, mode: str, dev: torch.device) -> tupl
     if mode == "tp-own":
         zm.own_tp(model, tp_mesh)
     else:
-        parallelize_module(model, tp_mesh, zm.tp_plan(mode == "tp-sp"))
+        parallelize_module(model, tp_mesh, zm.tp_plan(model, mode == "tp-sp"))
     model.to(dev)
 
     def put(t: torch.Tensor) -> torch.Tensor:
