@@ -16,7 +16,8 @@ from mesh.errors import (  # noqa: E402
     AxisError, DeviceIdError, MeshDevicesError, MeshError, MeshShapeError, TopologyError,
 )
 from mesh.hybrid import HybridMesh, group_granules, hybrid_device_order  # noqa: E402
-from mesh.mesh import Mesh, from_torch, get_global_mesh, set_global_mesh  # noqa: E402
+from mesh.mesh import Mesh, get_global_mesh, set_global_mesh  # noqa: E402
+from mesh.torch_bridge import from_torch  # noqa: E402
 from mesh.presets import PRESETS, SystemPreset, topology_for  # noqa: E402
 from mesh.topology import COLLECTIVES, DeviceSpec, Link, Topology  # noqa: E402
 

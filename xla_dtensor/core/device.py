@@ -19,6 +19,7 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
@@ -76,6 +77,30 @@ class _BackendModule:
     def synchronize(device: object = None) -> None:
         from xla_dtensor.core.executor import wait
         wait()
+
+    # NOTE: one implicit stream (JAX orders the work); torch.distributed.checkpoint's writer asks for it
+    @staticmethod
+    def current_stream(device: object = None) -> _Stream:
+        return _STREAM
+
+    @staticmethod
+    def stream(s: object) -> contextlib.nullcontext:
+        return contextlib.nullcontext()
+
+
+class _Stream:
+    """The device's only stream: waiting on it waits for all dispatched work."""
+
+    device_type = DEVICE_NAME
+
+    def synchronize(self) -> None:
+        _BackendModule.synchronize()
+
+    def wait_stream(self, other: object) -> None:
+        pass
+
+
+_STREAM = _Stream()
 
 
 def register() -> None:
