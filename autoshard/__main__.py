@@ -30,32 +30,32 @@ def _add_plan(sub) -> None:  # noqa: ANN001
                                    "for a sharding of every tensor and explain the plan.")
     d = " (default: %(default)s)"
     p.add_argument("--model", default="gpt2", choices=["gpt2"], help="model to plan" + d)
-    p.add_argument("--layers", type=positive_int, default=12, help="transformer blocks" + d)
-    p.add_argument("--d-model", type=positive_int, default=768, help="hidden size; a multiple of --heads" + d)
-    p.add_argument("--heads", type=positive_int, default=12, help="attention heads" + d)
-    p.add_argument("--vocab", type=positive_int, default=50304, help="vocabulary size" + d)
-    p.add_argument("--batch", type=positive_int, default=8, help="global batch size" + d)
-    p.add_argument("--seq", type=positive_int, default=1024, help="sequence length" + d)
+    p.add_argument("--layers", type=positive_int, default=12, help="transformer blocks, >= 1" + d)
+    p.add_argument("--d-model", type=positive_int, default=768, help="hidden size, a positive multiple of --heads" + d)
+    p.add_argument("--heads", type=positive_int, default=12, help="attention heads, >= 1" + d)
+    p.add_argument("--vocab", type=positive_int, default=50304, help="vocabulary size, >= 1" + d)
+    p.add_argument("--batch", type=positive_int, default=8, help="global batch size, >= 1" + d)
+    p.add_argument("--seq", type=positive_int, default=1024, help="sequence length, >= 1" + d)
     p.add_argument("--mesh", type=mesh_shape, default=(8,), metavar="SHAPE",
                    help=f"mesh shape such as 8, 2x4 or 2x2x2; at most {MAX_AXES} axes of size > 1 and "
                         f"{MAX_DEVICES} devices (default: 8)")
     p.add_argument("--dcn", type=positive_int, default=1,
                    help="granules (slices) along the first mesh axis, which then crosses DCN in a "
-                        "HybridMesh; must divide that axis" + d)
+                        "HybridMesh; >= 1 and dividing that axis" + d)
     p.add_argument("--topology", default="tpu-v5e", choices=sorted(PRESETS),
                    help="system whose links and roofline are modelled" + d)
     p.add_argument("--memory-gib", type=positive_float, default=None, metavar="GIB",
-                   help="per-device memory budget in GiB (default: unlimited)")
+                   help="per-device memory budget in GiB, a number > 0 (default: unlimited)")
     p.add_argument("--time-limit", type=positive_float, default=60.0, metavar="SECONDS",
-                   help="solver wall-clock limit; on timeout the best plan found is used" + d)
+                   help="solver wall-clock limit, a number > 0; on timeout the best plan found is used" + d)
     p.add_argument("--max-pairs", type=positive_int, default=MAX_PAIRS, metavar="N",
                    help="refuse a problem with more strategy pairs than this before building it "
-                        "(costing each pair takes ~6 us)" + d)
+                        "(costing each pair takes ~6 us), >= 1" + d)
     p.add_argument("--json", type=output_file, default=None, metavar="PATH",
                    help="also write the plan as JSON to PATH; its folder must exist (default: none)")
-    p.add_argument("--rows", type=nonnegative_int, default=30, help="parameters shown in the table" + d)
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    p.add_argument("--verbose", action="store_true", help="also the solver's own progress lines")
+    p.add_argument("--rows", type=nonnegative_int, default=30, help="parameters shown in the table, >= 0" + d)
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (default: off)")
+    p.add_argument("--verbose", action="store_true", help="also the solver's own progress lines (default: off)")
 
 
 def _add_iopddl(sub) -> None:  # noqa: ANN001
@@ -67,11 +67,11 @@ def _add_iopddl(sub) -> None:  # noqa: ANN001
     d = " (default: %(default)s)"
     p.add_argument("file", type=_cli.readable_file, help="the instance, .json or .json.gz")
     p.add_argument("--time-limit", type=positive_float, default=60.0, metavar="SECONDS",
-                   help="solver wall-clock limit" + d)
+                   help="solver wall-clock limit, a number > 0" + d)
     p.add_argument("--solver", default="scip", choices=["scip", "highs", "cp_sat"], help="MIP backend" + d)
     p.add_argument("--max-gib", type=positive_float, default=MAX_BYTES / 2**30, metavar="GIB",
-                   help="refuse files whose decompressed JSON is larger" + d)
-    p.add_argument("--quiet", action="store_true", help="no progress output")
+                   help="refuse files whose decompressed JSON is larger, a number > 0" + d)
+    p.add_argument("--quiet", action="store_true", help="no progress output (default: off)")
 
 
 def parser() -> OneLineParser:

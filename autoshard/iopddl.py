@@ -109,7 +109,8 @@ def _int_pairs(rows: Any, what: str) -> np.ndarray:
         a = np.asarray(rows)
     except (TypeError, ValueError):  # ragged
         a = None
-    if a is not None and a.dtype.kind == "i" and a.ndim == 2 and a.shape[1] == 2:
+    if (a is not None and a.dtype.kind == "i" and a.ndim == 2 and a.shape[1] == 2
+            and not any(x is True or x is False for r in rows for x in r)):  # numpy reads true as 1
         return a.astype(np.int64, copy=False)
     for i, r in enumerate(rows):  # find the culprit
         if not (isinstance(r, list) and len(r) == 2

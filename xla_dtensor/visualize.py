@@ -52,9 +52,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dcn", type=int_list, help="make --mesh a HybridMesh with this DCN shape, one entry "
                                                 "per axis dividing it (one simulated granule per DCN "
                                                 "block; default: none)")
-    p.add_argument("--dims", type=_dims, help="the tensor dims to draw (default: 0,1)")
+    p.add_argument("--dims", type=_dims, help="one or two distinct tensor dims to draw, each below "
+                                            "the rank of --shape (default: 0,1)")
     p.add_argument("--width", type=_width, help="width in characters, >= 8 (default: the terminal's)")
-    p.add_argument("--no-color", action="store_true", help="draw without colours")
+    p.add_argument("--no-color", action="store_true", help="draw without colours (default: colours)")
     return p
 
 

@@ -8,7 +8,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 import xla_dtensor
 import xla_dtensor.spmd as xs
-from benchmarks.models import GPT2, GPT2Config
+from autoshard.models import GPT2, GPT2Config
 
 torch.manual_seed(0)
 model = GPT2(GPT2Config(vocab=64, n_positions=16, n_embd=32, n_layer=1, n_head=4))
