@@ -1,7 +1,9 @@
 """The logical device mesh: device ids arranged in an N-D grid with named axes.
 
 Semantics follow the torch_xla SPMD ``Mesh``: ``device_ids`` are global device ids
-(JAX's ``Device.id``) laid out row-major into ``mesh_shape``.
+(JAX's ``Device.id``) laid out row-major into ``mesh_shape``. A mesh checks its ids
+against ``jax.devices()`` when built (``validate=False``: a mesh of another machine,
+for planning).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Hashable, Sequence
 
 import numpy as np
 
+from mesh._devices import check_device_ids
 from mesh.errors import AxisError, DeviceIdError, MeshShapeError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -25,6 +28,12 @@ class Mesh:
         device_ids: global device ids, in the order they fill the mesh (row-major).
         mesh_shape: size of each mesh axis; the product must equal ``len(device_ids)``.
         axis_names: one unique name per axis, or ``None`` (axes are then known by index).
+        validate: check that JAX has every device id (this starts JAX's backends). Pass
+            ``False`` to describe another machine's mesh, e.g. to plan for 256 TPU chips.
+
+    Raises:
+        MeshShapeError, DeviceIdError, AxisError: a malformed shape, id list or names.
+        MeshDevicesError: ``validate`` and some id is not one of ``jax.devices()``.
 
     Example:
         >>> m = Mesh(range(8), (2, 4), ("data", "model"))
@@ -41,12 +50,16 @@ class Mesh:
         device_ids: Sequence[int] | np.ndarray,
         mesh_shape: Sequence[int],
         axis_names: Sequence[str] | None = None,
+        *,
+        validate: bool = True,
     ) -> None:
         self.mesh_shape: tuple[int, ...] = _check_shape(mesh_shape)
         self.device_ids: tuple[int, ...] = _check_ids(device_ids, self.mesh_shape)
         self.axis_names: tuple[str, ...] | None = _check_names(axis_names, len(self.mesh_shape))
         self._parent: Mesh | None = None
         self._parent_axes: tuple[tuple[int, ...], ...] = ()  # per axis: the root axes it spans
+        if validate:
+            check_device_ids(self.device_ids, f"{type(self).__name__}({self._axes_text()})")
 
     # -- torch_xla-compatible accessors ------------------------------------------------
     def size(self) -> int:
@@ -130,7 +143,7 @@ class Mesh:
         return self._child(self.get_logical_mesh().reshape(-1), [name], (spanned,))
 
     def _child(self, block: np.ndarray, names: Sequence[str], groups: tuple[tuple[int, ...], ...]) -> Mesh:
-        sub = Mesh(block.reshape(-1), block.shape, names)
+        sub = Mesh(block.reshape(-1), block.shape, names, validate=False)
         sub._parent = self.root
         sub._parent_axes = groups
         return sub
@@ -166,11 +179,8 @@ class Mesh:
         """The JAX devices as an object array of shape ``mesh_shape``."""
         import jax
 
+        check_device_ids(self.device_ids, repr(self))
         by_id = {d.id: d for d in jax.devices()}
-        unknown = [i for i in self.device_ids if i not in by_id]
-        if unknown:
-            raise DeviceIdError(f"device ids {unknown} are not among JAX's devices "
-                                f"(available ids: {sorted(by_id)})")
         return np.array([by_id[i] for i in self.device_ids], dtype=object).reshape(self.mesh_shape)
 
     def jax_mesh(self) -> "jax.sharding.Mesh":
@@ -187,9 +197,11 @@ class Mesh:
     def __hash__(self) -> int:
         return hash(self._key())
 
+    def _axes_text(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.shape().items())
+
     def __repr__(self) -> str:
-        axes = ", ".join(f"{k}={v}" for k, v in self.shape().items())
-        return f"{type(self).__name__}({axes}; devices={list(self.device_ids)})"
+        return f"{type(self).__name__}({self._axes_text()}; devices={list(self.device_ids)})"
 
 
 _JAX_MESHES: dict[Mesh, Any] = {}

@@ -7,7 +7,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import xla_dtensor
-from benchmarks.models import GPT2, GPT2Config
+from autoshard.models import GPT2, GPT2Config
 
 torch.manual_seed(0)
 model = GPT2(GPT2Config(vocab=64, n_positions=16, n_embd=32, n_layer=1, n_head=4))
