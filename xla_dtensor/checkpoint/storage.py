@@ -15,7 +15,7 @@ through an allow-list of DCP's metadata classes, with sizes and paths still chec
 Example:
     >>> import tempfile, torch, torch.distributed.checkpoint as dcp
     >>> path = tempfile.mkdtemp() + "/c"
-    >>> dcp.save({"w": torch.ones(2)}, storage_writer=Writer(path), no_dist=True)
+    >>> _ = dcp.save({"w": torch.ones(2)}, storage_writer=Writer(path), no_dist=True)
     >>> sd = {"w": torch.zeros(2)}
     >>> dcp.load(sd, storage_reader=Reader(path), no_dist=True); sd["w"]
     tensor([1., 1.])
