@@ -47,6 +47,7 @@ DEFAULT_INIT_TIMEOUT = 60.0  # seconds for every process to join
 _COLLECTIVE_GRACE = 15.0  # a blocked CPU collective gives up this much after the heartbeat timeout
 _EXIT_KEY = "xla_dtensor/exited/"
 _STATE: dict[str, Any] = {"stop": threading.Event(), "watchdog": None, "main": None}
+_ABANDONED: list[Any] = []  # a join given up on: JAX's client and service, still connecting
 
 
 def _seconds(value: Any, name: str, env: str, default: float) -> float:
@@ -139,7 +140,9 @@ def _join(address: str | None, n: int | None, me: int | None, local_ids: Any, pe
         raise outcome["error"]
     if worker.is_alive():
         state = distributed.global_state
-        state.client = state.service = None  # NOTE: left to the stuck thread; atexit must not shut them down
+        # NOTE: kept alive (destroying the service blocks ~5 s) but hidden from JAX's atexit shutdown
+        _ABANDONED.extend([state.client, state.service])
+        state.client = state.service = None
         raise PeerFailureError(_not_joined(address, n, me, init_t), _absent(n, me))
 
 

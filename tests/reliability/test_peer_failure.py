@@ -22,8 +22,9 @@ def test_a_killed_peer_is_a_python_error_naming_it_within_the_timeout(zygote, tm
     assert res[1]["signal"] == 9, res          # the victim was killed
     assert res[0]["rc"] == 3 and not res[0]["timed_out"], (res, survivor, open(tmp_path / "p0").read()[-3000:])
     m = re.search(r"PeerFailureError missing=\[1\] after=([\d.]+)s", survivor[-1])
-    assert m and float(m.group(1)) <= TIMEOUT + 2.5, survivor
+    assert m and float(m.group(1)) <= TIMEOUT + 4, survivor  # heartbeat timeout + 1 s poll + slack for a loaded machine
     assert "process(es) 1 of 2 stopped answering" in survivor[-1]
+    print(f"\npeer killed: survivor raised PeerFailureError {m.group(1)} s later (peer_timeout {TIMEOUT:g} s)")
 
 
 def test_a_peer_that_never_starts_is_a_python_error_naming_it(zygote, tmp_path):
@@ -32,4 +33,6 @@ def test_a_peer_that_never_starts_is_a_python_error_naming_it(zygote, tmp_path):
         got = results(tmp_path / f"alone{me}")
         assert res[0]["rc"] == 3 and not res[0]["timed_out"], (res, open(tmp_path / f"alone{me}").read()[-3000:])
         m = re.search(rf"PeerFailureError missing=\[{missing}\] at=([\d.]+)s", got[-1])
-        assert m and float(m.group(1)) <= 2 * TIMEOUT + 3, got
+        assert m and float(m.group(1)) <= TIMEOUT + 3, got
+        print(f"\nonly process {me} started: PeerFailureError naming process {missing} after {m.group(1)} s "
+              f"(init_timeout {TIMEOUT:g} s)")
