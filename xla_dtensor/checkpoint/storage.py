@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.filesystem import FileSystemWriter, _StoragePrefix
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, FileSystemWriter, _StoragePrefix
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import StorageReader, WriteResult
@@ -161,7 +161,7 @@ class Writer(FileSystemWriter):
                     have["chunks"].extend(e["chunks"])
         M.validate(m, self.final)
         md = M.to_metadata(m)
-        md.version = "1.0.0"
+        md.version = CURRENT_DCP_VERSION
         blob = pickle.dumps(md)
         _write_file(os.path.join(self.path, M.DCP_METADATA), blob)
         m["files"][M.DCP_METADATA] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
