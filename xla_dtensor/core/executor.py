@@ -17,6 +17,7 @@ import torch
 
 from xla_dtensor import metrics
 from xla_dtensor.config import config
+from xla_dtensor.core import index_checks
 from xla_dtensor.core.dtypes import to_jax
 from xla_dtensor.core.ir import DATA, Node, data_leaf, topo_order
 from xla_dtensor.core.peer_errors import guard
@@ -27,6 +28,9 @@ _CACHE: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 PRE_SYNC: list[Callable[[list[Storage]], None]] = []  # may rewrite pending storages' values
 POST_SYNC: list[Callable[[list[Storage]], None]] = []  # after the storages are rebound
 KEEP_PENDING: list[Callable[[Storage], bool]] = []  # materialize() leaves such a storage's value pending
+# NOTE: set while xla_dtensor.compile records a function: work on device data must become graph
+# nodes then (a layout change done at once would be baked into the program as a constant).
+CAPTURING = [False]
 # dead inputs (e.g. a step's batch) are donated too; XLA just cannot reuse some of them
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -226,8 +230,11 @@ def execute(roots: list[Node], donate: set[int] | None = None, partners: list[in
     return list(result)
 
 
-def sync(wait: bool = False) -> None:
+def sync(wait: bool = False, *, pre_hooks: bool = True) -> None:
     """Execute every live pending tensor in one program and rebind them to the results.
+
+    ``pre_hooks=False``: skip the ``PRE_SYNC`` hooks (the caller ran them on every pending
+    storage already: ``xla_dtensor.compile`` after recording a call).
 
     Example:
         >>> import torch, xla_dtensor
@@ -242,15 +249,16 @@ def sync(wait: bool = False) -> None:
             held.add(id(v))
         else:
             pending.append(s)
-    if not pending:
+    checks = index_checks.runnable(index_checks.take()) if index_checks.PENDING else []
+    if not pending and not checks:
         return
     pending.sort(key=_seq)
-    for hook in PRE_SYNC:
+    for hook in PRE_SYNC if pre_hooks else ():
         hook(pending)
-    roots = [s.value for s in pending]
+    roots = [s.value for s in pending] + [c.node for c in checks]
     donate = {id(n) for n in topo_order(roots) if n.fn is None and n.op == DATA
               and id(n) not in held and isinstance(n.data, jax.Array)}
-    arrays = execute(roots, donate, [s.donor for s in pending])
+    arrays = execute(roots, donate, [s.donor for s in pending] + [None] * len(checks))
     for s, arr in zip(pending, arrays):
         s.value = data_leaf(arr, s.meta[0], s.meta[1])
         s.version += 1
@@ -258,6 +266,7 @@ def sync(wait: bool = False) -> None:
         hook(pending)
     if wait:
         jax.block_until_ready(arrays)
+    index_checks.verify(checks, arrays[len(pending):])
 
 
 def _seq(s: Storage) -> int:
@@ -275,15 +284,19 @@ def wait() -> None:
 
 
 def materialize(t: LazyTensor) -> Any:
-    """The array of ``t``'s current value, computing only what it needs."""
+    """The array of ``t``'s current value, computing only what it needs (and pending index checks)."""
+    checks = index_checks.runnable(index_checks.take()) if index_checks.PENDING else []
     v = value_of(t)
     if v.fn is None:
+        if checks:
+            index_checks.verify(checks, execute([c.node for c in checks]))
         return v.data
-    arr = execute([v])[0]
+    arr, *checked = execute([v] + [c.node for c in checks])
     if not t._chain and not any(keep(t._storage) for keep in KEEP_PENDING):
         # NOTE: a view keeps its pending value: a cached leaf could be donated later
         t._storage.value = data_leaf(arr, t._meta[0], t._meta[1])
         t._storage.version += 1
+    index_checks.verify(checks, checked)
     return arr
 
 

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from xla_dtensor.core import executor
 from xla_dtensor.core.dtypes import to_jax
 from xla_dtensor.core.ir import DATA, Node, data_leaf, make_node
 from xla_dtensor.sharding import ShardingSpec
@@ -111,6 +112,8 @@ def place_host(host: torch.Tensor, spec: ShardingSpec) -> Node:
 def reshard(value: Node, shape: tuple[int, ...], dtype: torch.dtype, spec: ShardingSpec) -> Node:
     """``value`` laid out as ``spec``: device data moves now, a pending value gets a constraint."""
     ns = named(spec)
+    if executor.CAPTURING[0]:  # inside a compiled function: a constraint in the program, replayed every call
+        return constrain(value, ns)
     src = padded_source(value)
     if src is not None:  # an uneven value whose data is already on the devices
         value = data_leaf(_jitted(("unpad", shape), None)(src.data), shape, dtype)
@@ -144,4 +147,5 @@ def _numpy(host: torch.Tensor) -> np.ndarray:
     c = host.detach().cpu()
     if c.dtype == torch.bfloat16:
         return c.float().numpy().astype(to_jax(torch.bfloat16))
-    return np.ascontiguousarray(c.resolve_conj().resolve_neg().numpy())
+    # NOTE: not np.ascontiguousarray, which turns a 0-d array (BatchNorm's num_batches_tracked) into shape (1,)
+    return np.asarray(c.resolve_conj().resolve_neg().contiguous().numpy()).reshape(tuple(host.shape))
