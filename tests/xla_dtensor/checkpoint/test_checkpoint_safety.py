@@ -210,3 +210,13 @@ def test_loading_what_is_not_a_checkpoint_names_the_problem(tmp_path):
     (tmp_path / "old" / "index.json").write_text("{}")
     with pytest.raises(CheckpointError, match="old xla_dtensor format"):
         checkpoint.load(_target(), tmp_path / "old")
+
+
+def test_bad_arguments_name_the_value(tmp_path):
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds, got nan"):
+        checkpoint.save({"w": torch.ones(1)}, tmp_path / "c", timeout=float("nan"))
+    with pytest.raises(TypeError, match="state_dict must be a dict .* got list"):
+        checkpoint.save([torch.ones(1)], tmp_path / "c")
+    with pytest.raises(TypeError, match="path must be a non-empty str or os.PathLike directory, got None"):
+        checkpoint.load({"w": torch.ones(1)}, None)
+    assert not (tmp_path / "c").exists()
