@@ -20,6 +20,7 @@ from xla_dtensor.config import config
 from xla_dtensor.core import index_checks
 from xla_dtensor.core.dtypes import to_jax
 from xla_dtensor.core.ir import DATA, Node, data_leaf
+from xla_dtensor.core.peer_errors import guard
 from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
 
 _CACHE: collections.OrderedDict[Any, Any] = collections.OrderedDict()
@@ -212,6 +213,7 @@ def layout(roots: list[Node], donate: set[int] | None = None, partners: list[int
     return plan, order, donate_idx, key
 
 
+@guard
 def execute(roots: list[Node], donate: set[int] | None = None, partners: list[int | None] | None = None,
             plan: Plan | None = None) -> list[Any]:
     """Compute ``roots``; returns their arrays.
@@ -308,6 +310,7 @@ def _seq(s: Storage) -> int:
 mark_step = sync
 
 
+@guard
 def wait() -> None:
     """Block until every computation launched so far has finished."""
     arrays = [s.value.data for s in list(LIVE) if s.value.fn is None and isinstance(s.value.data, jax.Array)]
@@ -331,6 +334,7 @@ def materialize(t: LazyTensor) -> Any:
     return arr
 
 
+@guard
 def to_cpu(t: LazyTensor) -> torch.Tensor:
     """A CPU copy of ``t`` (a host transfer)."""
     arr = materialize(t)
