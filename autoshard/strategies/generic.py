@@ -2,7 +2,8 @@
 
 Tried in order, the first that applies wins (:func:`generic_rule` names which):
 
-1. ``inplace``: ``aten.X_.ov`` takes the rule of ``aten.X.ov`` (or of the packet ``aten.X``).
+1. ``inplace``: ``aten.X_.ov`` and ``aten.X_copy.ov`` take the rule of ``aten.X.ov`` (or of the
+   packet ``aten.X``); every ``aten._foreach_*`` op the foreach rule (per list element).
 2. ``pointwise``: torch tags the op ``pointwise`` (or DTensor's pointwise list holds it):
    the elementwise rule (broadcasting, follows its deepest operand).
 3. ``same-shape``: an aten op whose every output has the shape of its largest input, the
@@ -43,6 +44,10 @@ _MATRIX = ("linalg", "cholesky", "inverse", "lu", "triangular_solve", "matrix_ex
 def generic_rule(node: Node, graph: Graph) -> tuple[DimRule, str]:
     """The rule for an op without a registered one, and which of :data:`KINDS` made it."""
     functional = _functional(node.op)
+    if node.op.startswith("aten._foreach_"):
+        from autoshard.strategies.optimizer import foreach
+
+        return foreach(node, graph), "inplace"
     if functional is not None:
         rule = lookup(functional)(node, graph)
         if rule is not None:
@@ -78,12 +83,16 @@ def opaque_rule(node: Node, graph: Graph) -> DimRule:
 
 
 def _functional(op: str) -> str | None:
-    """``aten.X.ov`` for an in-place ``aten.X_.ov`` whose functional form has a rule."""
+    """``aten.X.ov`` for an in-place ``aten.X_.ov`` or a copying ``aten.X_copy.ov`` whose plain form has a rule."""
     parts = op.split(".")
-    if len(parts) < 2 or parts[0] != "aten" or not parts[1].endswith("_") or parts[1].startswith("_foreach"):
+    if len(parts) < 2 or parts[0] != "aten" or parts[1].startswith("_foreach"):
         return None
-    name = ".".join([parts[0], parts[1][:-1], *parts[2:]])
-    return name if lookup(name) is not None else None
+    for suffix in ("_copy", "_"):
+        if parts[1].endswith(suffix) and len(parts[1]) > len(suffix):
+            name = ".".join([parts[0], parts[1][:-len(suffix)], *parts[2:]])
+            if lookup(name) is not None:
+                return name
+    return None
 
 
 @lru_cache(maxsize=None)
