@@ -32,9 +32,9 @@ from autoshard.cost import combined_collectives, compute_cost, memory_bytes, res
 from autoshard.graph import Graph, Node
 from autoshard.problem import Problem
 from autoshard.spec import Spec, spec_str
-from autoshard.strategies import DimRule, Strategy, enumerate_strategies, follow_strategies, rule_for
+from autoshard.strategies import DimRule, Strategy, enumerate_strategies, follow_strategies
 from autoshard.strategies.base import check_rule
-from autoshard.strategies.generic import generic_rule, opaque_rule
+from autoshard.strategies.generic import opaque_rule, resolve
 from autoshard.tying import UnionFind, layer_ties
 
 
@@ -148,9 +148,9 @@ def node_strategies(graph: Graph, topo: Topology, generic: dict[str, str] | None
 def _strategies_of(node: Node, graph: Graph, in_metas: tuple, strats: list[list[Strategy]], sizes: tuple[int, ...],
                    generic: dict[str, str]) -> tuple[DimRule, list[Strategy], int | None]:
     """A node's rule, its strategies and the node it follows (None for a leader)."""
-    rule = rule_for(node, graph)
-    if rule is None:
-        rule, generic[node.op] = generic_rule(node, graph)
+    rule, kind = resolve(node, graph)
+    if kind != "registered":
+        generic[node.op] = kind
     check_rule(rule, in_metas, node.outputs)
     if rule.follower and node.inputs:
         u, idx = node.inputs[rule.leader]

@@ -34,11 +34,17 @@ from typing import Any
 from autoshard.graph import Graph, Node
 from autoshard.strategies._util import broadcast_labels, dims, ins, norm_dim
 from autoshard.strategies.base import DimRule
-from autoshard.strategies.registry import lookup
+from autoshard.strategies.registry import lookup, rule_for
 
 KINDS = ("inplace", "pointwise", "same-shape", "source", "opaque")
 _MATRIX = ("linalg", "cholesky", "inverse", "lu", "triangular_solve", "matrix_exp", "slogdet", "det", "qr", "svd",
            "eig", "pinverse", "solve")
+
+
+def resolve(node: Node, graph: Graph) -> tuple[DimRule, str]:
+    """The node's registered rule (kind ``"registered"``) or else its generic one and kind."""
+    rule = rule_for(node, graph)
+    return (rule, "registered") if rule is not None else generic_rule(node, graph)
 
 
 def generic_rule(node: Node, graph: Graph) -> tuple[DimRule, str]:
