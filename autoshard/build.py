@@ -153,6 +153,7 @@ def _strategies_of(node: Node, graph: Graph, in_metas: tuple, strats: list[list[
         generic[node.op] = kind
     check_rule(rule, in_metas, node.outputs)
     if rule.follower and node.inputs:
+        rule = _flexible_leader(rule, node, strats)
         u, idx = node.inputs[rule.leader]
         leader_specs = [s.out_specs[idx] for s in strats[u]]
         return rule, follow_strategies(rule, leader_specs, in_metas, node.outputs, sizes), u
@@ -258,6 +259,24 @@ def build_model(graph: Graph, topo: Topology, memory_limit: float | None = None,
             else:
                 by_key[key] = f
     return Model(graph, topo, rules, strats, follows, problem, uf.groups(), unknown, generic, untied_groups)
+
+
+def _flexible_leader(rule: DimRule, node: Node, strats: list[list[Strategy]]) -> DimRule:
+    """Among inputs labelled like the leader (a residual ``add``'s two operands), follow the freest one.
+
+    A follower has exactly the splits of the input it follows; following one whose
+    producer cannot split the batch (an MoE combine that gathers its rows) would keep the
+    whole rest of the block replicated, while its twin operand can split.
+    """
+    labels = rule.inputs[rule.leader]
+
+    def freedom(i: int) -> tuple[int, bool]:
+        u, idx = node.inputs[i]
+        return len({s.out_specs[idx] for s in strats[u]}), i == rule.leader
+
+    same = [i for i, lab in enumerate(rule.inputs) if lab == labels and i < len(node.inputs)]
+    best = max(same, key=freedom)
+    return rule if best == rule.leader else replace(rule, leader=best)
 
 
 def _internal_cost(rule: DimRule, strategy: Strategy, topo: Topology) -> float:

@@ -22,7 +22,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from autoshard.cost import reshard_cost
 from autoshard.evaluate import evaluate
 from autoshard.spec import spec_str
 
@@ -78,7 +77,32 @@ def report(model: Any, strategies: Sequence[int], objective: float, baselines: S
             theirs = node_costs(prob, refs[ref][2], g.num_nodes)
             out.update(reference=ref, ref_extra=float(refs[ref][0] - objective),
                        forced_by=_top(model, theirs - mine, refs[ref][2]))
+        out["unsplittable"] = unsplittable(model)
     return out
+
+
+def unsplittable(model: Any, top: int = TOP) -> list[dict[str, Any]]:
+    """Ops that cannot split at all on this mesh (every strategy whole), largest input first.
+
+    A sort over all tokens, an opaque op: data parallelism must gather the batch before
+    them, so they are the usual root of a plan that stays replicated.
+    """
+    g = model.graph
+    found: dict[str, dict[str, Any]] = {}
+    for node in g.nodes:
+        if node.op == "placeholder" or not node.inputs:
+            continue
+        ss = model.strategies[node.id]
+        if any(p != "R" for s in ss for spec in s.in_specs + s.out_specs for p in spec):
+            continue
+        nbytes = max(node.input_meta(g, i).nbytes for i in range(len(node.inputs)))
+        if nbytes == 0 or max(node.input_meta(g, i).numel for i in range(len(node.inputs))) < len(ss[0].in_specs[0]):
+            continue
+        row = found.setdefault(node.op, {"op": node.op, "count": 0, "bytes": 0, "example": node.name})
+        row["count"] += 1
+        if nbytes > row["bytes"]:
+            row["bytes"], row["example"] = nbytes, node.name
+    return sorted(found.values(), key=lambda r: -r["bytes"])[:top]
 
 
 def _reference(refs: dict[str, tuple], ties: list[str]) -> str | None:
@@ -104,23 +128,31 @@ def _top(model: Any, delta: np.ndarray, ref: Sequence[int]) -> list[dict[str, An
 
 
 def _why(model: Any, v: int, ref: Sequence[int]) -> str:
-    """What the reference plan pays at node ``v``: its costliest input resharding, a gradient reduction..."""
-    g, topo = model.graph, model.topology
+    """What the reference plan pays at node ``v``: a gradient reduction or its costliest input resharding."""
+    g, prob = model.graph, model.problem
     if v >= g.num_nodes:
         return "resharding a tensor once for all its readers"
     node = g.nodes[v]
-    owner = {ref_: pid for pid, ref_ in g.grads.items()}
+    owner = {r: pid for pid, r in g.grads.items()}
     grads = [g.nodes[owner[(v, i)]].name for i in range(len(node.outputs)) if (v, i) in owner]
     if grads:
         return f"produces the gradient of {grads[0]}, reduced for the optimizer"
     best, text = 0.0, "its compute"
-    for i, (u, idx) in enumerate(node.inputs):
-        src = model.strategies[u][ref[u]].out_specs[idx]
-        dst = model.strategies[v][ref[v]].in_specs[i]
-        cost = reshard_cost(src, dst, g.nodes[u].outputs[idx], topo)
-        if cost > best:
-            best, text = cost, f"reshards input {i} ({g.nodes[u].name}) {spec_str(src)} -> {spec_str(dst)}"
+    for (u, w), mat in zip(prob.edges, prob.edge_costs):
+        cost = float(mat[ref[u], ref[w]]) if v in (u, w) else 0.0
+        if cost <= best:
+            continue
+        if w == v:
+            src = model.strategies[u][ref[u]].out_specs[0]
+            name = prob.node_names[u] if u < len(prob.node_names) else str(u)
+            best, text = cost, f"reshards its input from {name} ({spec_str(src)} -> what it needs)"
+        elif w >= g.num_nodes:  # v's output, resharded once for its readers
+            spec = model.strategies[w][ref[w]].out_specs[0]
+            readers = sorted({n.op for n in g.nodes if any(r[0] == v for r in n.inputs)})
+            best, text = cost, f"its output is resharded to {spec_str(spec)} for {', '.join(readers[:3])}"
     return text
+
+
 def verdict(guard: dict[str, Any]) -> str | None:
     """One line for ``explain()`` when the plan ties a baseline on a multi-device mesh, else None."""
     if guard.get("devices", 1) <= 1 or not (guard.get("ties") or guard.get("all_replicated")):

@@ -110,6 +110,8 @@ def test_slice_select_and_view_scatter_write_through_views():
 
 def test_index_put_and_adding_index_ops_leave_partial_positions():
     x, idx, vals = _r(16, 8), rng.permutation(16)[:8].astype(np.int32), _r(8, 8)
+    st = _check("aten.index.Tensor", [x, idx], (None, None), [x[idx]], lambda st, a, i: [a[i]], min_count=6)
+    assert any(s.in_specs[1][0] == ("S", 0) and s.out_specs[0][0] == ("S", 0) for s in st)  # a gather: rows split
     want = x.copy()
     want[idx] = vals
     _check("aten.index_put.default", [x, idx, vals], (None, None, None, False), [want],
