@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import warnings
 from collections import defaultdict
+from functools import lru_cache
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -100,8 +101,18 @@ def _edge_matrix(src: list, dst: list, meta, topo: Topology, unread: bool = Fals
         return np.zeros((len(src), len(dst)))
     us, ui = _unique(src)
     vs, vi = _unique(dst)
-    small = np.array([[reshard_cost(a, b, meta, topo) for b in vs] for a in us])
-    return small[np.ix_(ui, vi)]
+    return _small_matrix(tuple(us), tuple(vs), meta.nbytes, topo)[np.ix_(ui, vi)]
+
+
+@lru_cache(maxsize=1 << 14)
+def _small_matrix(us: tuple, vs: tuple, nbytes: int, topo: Topology) -> np.ndarray:
+    """Costs between distinct specs; shared by every edge with the same spec lists and size (read-only)."""
+    from autoshard.graph import TensorMeta
+
+    meta = TensorMeta((nbytes,), "uint8")
+    out = np.array([[reshard_cost(a, b, meta, topo) for b in vs] for a in us])
+    out.flags.writeable = False
+    return out
 
 
 def _unique(specs: list) -> tuple[list, np.ndarray]:

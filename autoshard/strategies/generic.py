@@ -4,8 +4,8 @@ Tried in order, the first that applies wins (:func:`generic_rule` names which):
 
 1. ``inplace``: ``aten.X_.ov`` and ``aten.X_copy.ov`` take the rule of ``aten.X.ov`` (or of the
    packet ``aten.X``); every ``aten._foreach_*`` op the foreach rule (per list element).
-2. ``pointwise``: torch tags the op ``pointwise`` (or DTensor's pointwise list holds it):
-   the elementwise rule (broadcasting, follows its deepest operand).
+2. ``pointwise``: torch tags the op (or, for an in-place ``X_``, its functional form)
+   ``pointwise``: the elementwise rule (broadcasting, follows its deepest operand).
 3. ``same-shape``: an aten op whose every output has the shape of its largest input, the
    other inputs broadcasting to it: the op follows that input dim for dim, except the
    dims its integer arguments name (a scan's or a sort's ``dim``) and, for matrix
@@ -103,19 +103,13 @@ def _functional(op: str) -> str | None:
 
 @lru_cache(maxsize=None)
 def is_pointwise(op: str) -> bool:
-    """Whether torch marks aten op ``op`` (``"aten.X.ov"``) pointwise (tag or DTensor's list)."""
-    overload = _overload(op)
-    if overload is None:
-        return False
+    """Whether torch tags aten op ``op`` (``"aten.X.ov"``; an in-place ``X_``: its functional form) pointwise."""
     import torch
 
-    if torch.Tag.pointwise in overload.tags:
-        return True
-    try:  # NOTE: DTensor's list is private API; it only widens the tag, so its absence is harmless
-        from torch.distributed.tensor._ops._pointwise_ops import pointwise_ops
-    except ImportError:  # pragma: no cover
-        return False
-    return overload in set(pointwise_ops)
+    parts = op.split(".")
+    names = [op] + ([".".join([parts[0], parts[1][:-1], *parts[2:]])] if len(parts) == 3 and parts[1].endswith("_")
+                    else [])
+    return any(o is not None and torch.Tag.pointwise in o.tags for o in map(_overload, names))
 
 
 def _overload(op: str) -> Any:
