@@ -23,7 +23,9 @@ from autoshard._memory import MemoryRows
 
 __all__ = ["build_compact_model", "solve_compact", "CompactResult"]
 
-_SCIP = "limits/gap = {gap}\nrandomization/randomseedshift = {seed}\ndisplay/freq = 1000\n"
+# memory rows are scaled by the limit: feastol 1e-9 keeps a plan's overflow below 1e-9 of it
+_SCIP = ("limits/gap = {gap}\nrandomization/randomseedshift = {seed}\ndisplay/freq = 1000\n"
+         "numerics/feastol = 1e-9\n")
 # NOTE: the LP relaxation of these models is integral or nearly so (measured on LNS
 # sub-problems of IOPDDL M: LP optimum = MIP optimum); SCIP's presolve and cut rounds then
 # cost 5-20x the LP itself (0.22 s instead of 1.18 s for 7,600 edge variables).
@@ -119,18 +121,20 @@ def _new_rows(U: np.ndarray, limit: float, batch: int) -> np.ndarray:
 
 def solve_compact(cp: Compact, time_limit: float, x0: np.ndarray | None = None, *,
                   rows: np.ndarray | None = None, rel_gap: float = 1e-9, batch: int = 60,
-                  seed: int = 0, solver: str = "scip", lean: bool = True,
+                  seed: int = 0, solver: str = "scip", lean: bool = True, form: str = "auto",
                   log: Callable[[str], None] | None = None) -> CompactResult:
     """Solve ``cp`` exactly (up to ``rel_gap``) within ``time_limit`` seconds.
 
     ``x0``: a plan that fits memory (hint and fallback). ``rows``: initial memory rows
-    (default: ``x0``'s fullest rows, or none).
+    (default: all rows when they are few, else ``x0``'s fullest rows, or none).
     """
     t0 = time.perf_counter()
     has_mem = cp.limit is not None and cp.R > 0
     best_x, best_obj = None, math.inf
     if x0 is not None and (not has_mem or (usage(cp, x0) <= cp.limit).all()):
         best_x, best_obj = x0, objective(cp, x0)
+    if rows is None and has_mem and int(np.sum(cp.thi - cp.tlo)) <= 300_000:
+        rows = np.arange(cp.R)
     if rows is None:
         rows = np.zeros(0, np.int64)
         if has_mem and x0 is not None:
@@ -138,14 +142,17 @@ def solve_compact(cp: Compact, time_limit: float, x0: np.ndarray | None = None, 
             rows = np.sort(np.argsort(-U, kind="stable")[:min(batch, cp.R)])
     rows = np.unique(np.asarray(rows, np.int64))
     bound, solves, optimal = -math.inf, 0, False
-    params = (_SCIP.format(gap=rel_gap, seed=seed) + (_SCIP_LEAN if lean else "")
-              if solver == "scip" else "")
+    params = {"scip": _SCIP.format(gap=rel_gap, seed=seed) + (_SCIP_LEAN if lean else ""),
+              "highs": f"mip_rel_gap = {rel_gap}\nthreads = 1\nrandom_seed = {seed}\n"
+                       "primal_feasibility_tolerance = 1e-9\n",
+              "cp_sat": f"relative_gap_limit: {rel_gap} num_workers: 1 random_seed: {seed}"}.get(solver, "")
     while True:
         left = time_limit - (time.perf_counter() - t0)
         if left <= 0.05:
             break
-        model = build_compact_model(cp, rows if has_mem else None)
-        hint = _hint(cp, model, best_x) if best_x is not None else None
+        model = build_compact_model(cp, rows if has_mem else None, form)
+        # NOTE: OR-tools 9.15's HiGHS interface segfaults on some hinted models
+        hint = _hint(cp, model, best_x) if best_x is not None and solver != "highs" else None
         res = solve_model(model, solver, left, integer=True, hint=hint, params=params)
         solves += 1
         if res.status == "OPTIMAL" or res.x is not None:
@@ -158,7 +165,9 @@ def solve_compact(cp: Compact, time_limit: float, x0: np.ndarray | None = None, 
         x = _x_from(cp, res.x)
         U = usage(cp, x) if has_mem else None
         if U is not None and (U > cp.limit).any():
-            add = _new_rows(U, cp.limit, batch)
+            add = np.setdiff1d(_new_rows(U, cp.limit, batch), rows)
+            if add.size == 0:  # overflow within the backend's tolerance on rows it has
+                break
             if log:
                 log(f"memory rows: {rows.size} + {add.size} (overflow {U.max() - cp.limit:.4g})")
             rows = np.union1d(rows, add)

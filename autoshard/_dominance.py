@@ -25,7 +25,8 @@ __all__ = ["dominated", "remove_dominated"]
 def _edge_gain(block: np.ndarray) -> np.ndarray:
     """``out[p, q] = max_r (block[q, r] - block[p, r])`` with the inf conventions above."""
     bp = block[:, None, :]
-    d = np.where(np.isinf(bp), -math.inf, block[None, :, :] - bp)
+    with np.errstate(invalid="ignore"):  # inf - inf where p is forbidden: masked below
+        d = np.where(np.isinf(bp), -math.inf, block[None, :, :] - bp)
     return d.max(axis=2) if block.shape[1] else np.zeros((block.shape[0],) * 2)
 
 

@@ -105,6 +105,19 @@ class Dual:
             self.snap = (self.phi_r.copy(), self.phi_c.copy(), self.lam.copy())
         return val
 
+    def theta_at_best(self) -> np.ndarray:
+        """Reparametrized node costs at the best bound (the current ones if none yet)."""
+        if self.snap is None:
+            return self.theta.copy()
+        phi_r, phi_c, lam = self.snap
+        sp = self.sp
+        P = np.concatenate([[0.0], np.cumsum(np.maximum(lam, 0.0))])
+        th = sp.cost + np.bincount(sp.t_g, weights=sp.t_coef * (P[sp.t_hi] - P[sp.t_lo]),
+                                   minlength=sp.cost.size)
+        th += np.bincount(self.row_g, weights=phi_r, minlength=th.size)
+        th += np.bincount(self.col_g, weights=phi_c, minlength=th.size)
+        return th
+
     def restore(self) -> None:
         """Go back to the messages and prices of the best bound."""
         if self.snap is None:

@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 
 from autoshard._cmodel import solve_compact
-from autoshard._compact import Compact, objective
+from autoshard._compact import Compact, objective, restrict
 from autoshard._neighbourhood import ball, sub_compact, window
 from autoshard._space import RangeMax, Space
 from autoshard._treedp import forest_dp, random_forest
@@ -95,7 +95,8 @@ def node_moves(st: _State, deadline: float, max_checks: int = 200) -> int:
         safe = _safe_mask(sp, x) if sp.limit is not None else None
         best = np.minimum.reduceat(np.where(safe, sc, math.inf) if safe is not None else sc,
                                    sp.off[:-1])
-        gain = cur - best
+        with np.errstate(invalid="ignore"):  # inf - inf: no finite move, no gain
+            gain = np.nan_to_num(cur - best, nan=0.0)
         cand = gain > 1e-12 * np.maximum(np.abs(cur), 1.0)
         new = x.copy()
         if cand.any():
@@ -114,8 +115,10 @@ def node_moves(st: _State, deadline: float, max_checks: int = 200) -> int:
             new[move] = first[move] - sp.off[move]
         if sp.limit is not None:  # memory-raising moves, checked exactly
             raw_best = np.minimum.reduceat(sc, sp.off[:-1])
-            up = np.flatnonzero((cur - raw_best > 1e-12 * np.maximum(np.abs(cur), 1.0)) & ~cand)
-            up = up[np.argsort(-(cur - raw_best)[up], kind="stable")][:max_checks]
+            with np.errstate(invalid="ignore"):
+                raw_gain = np.nan_to_num(cur - raw_best, nan=0.0)
+            up = np.flatnonzero((raw_gain > 1e-12 * np.maximum(np.abs(cur), 1.0)) & ~cand)
+            up = up[np.argsort(-raw_gain[up], kind="stable")][:max_checks]
             U = st.U.copy()
             for u in up.tolist():
                 seg = sc[sp.off[u]:sp.off[u + 1]]
@@ -147,16 +150,19 @@ def pair_moves(st: _State, deadline: float, max_checks: int = 300) -> int:
     cp = sp.cp
     if cp.m == 0:
         return 0
-    from autoshard._compact import entry_index
-    e, r, c = entry_index(sp.k, sp.off, sp.eu, sp.ev, sp.ebase)
+    e, r, c = sp.entries
     ru, cv = r - sp.off[sp.eu][e], c - sp.off[sp.ev][e]
     kv = sp.k[sp.ev][e]
     while time.perf_counter() < deadline:
         x = st.x
-        sc = sp.scores(x)
+        fin, nbad = sp.scores_split(x)
         xu, xv = x[sp.eu][e], x[sp.ev][e]
-        joint = (sc[r] - sp.W[sp.ebase[e] + ru * kv + xv] + sc[c]
-                 - sp.W[sp.ebase[e] + xu * kv + cv] + sp.W)
+        w_r, w_c = sp.W[sp.ebase[e] + ru * kv + xv], sp.W[sp.ebase[e] + xu * kv + cv]
+        # each end's score without this edge's term (forbidden terms counted apart)
+        bad = (nbad[r] - np.isinf(w_r) + nbad[c] - np.isinf(w_c)) > 0
+        joint = (fin[r] - np.where(np.isinf(w_r), 0.0, w_r) + fin[c]
+                 - np.where(np.isinf(w_c), 0.0, w_c) + sp.W)
+        joint[bad] = math.inf
         cur = joint[sp.ebase[:-1] + x[sp.eu] * sp.k[sp.ev] + x[sp.ev]]
         best = np.minimum.reduceat(joint, sp.ebase[:-1])
         gain = cur - best
@@ -270,25 +276,58 @@ def lns_move(st: _State, S: np.ndarray, time_limit: float, seed: int) -> tuple[b
     return st.offer(new), res.optimal, res.seconds
 
 
+def _top(sp: Space, val: np.ndarray, c: int) -> np.ndarray:
+    """Mask of each node's ``c`` lowest values of ``val``."""
+    o = np.lexsort((val, sp.node_of))
+    rank = np.empty(o.size, np.int64)
+    rank[o] = np.arange(o.size) - sp.off[:-1][sp.node_of[o]]
+    return rank < c
+
+
+def kernel_move(st: _State, theta: np.ndarray | None, c: int, time_limit: float,
+                seed: int) -> tuple[bool, bool, float]:
+    """Re-solve the whole problem exactly with each node restricted to its current
+    strategy and its ``c`` best by score and by reparametrized cost ``theta``."""
+    sp = st.sp
+    keep = _top(sp, sp.scores(st.x), c)
+    if theta is not None:
+        keep |= _top(sp, theta, c)
+    cur = sp.off[:-1] + st.x
+    keep[cur] = True
+    sub = restrict(sp.cp, keep)
+    kg = np.flatnonzero(keep)
+    xs = np.searchsorted(kg, cur) - sub.off[:-1]
+    res = solve_compact(sub, time_limit, xs, seed=seed)
+    if res.x is None:
+        return False, res.optimal, res.seconds
+    new = kg[sub.off[:-1] + res.x] - sp.off[:-1]
+    return st.offer(new), res.optimal, res.seconds
+
+
 def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
            bound: Callable[[], float] | None = None, log: Callable[[str], None] | None = None,
-           every: float = 5.0, step_time: float = 0.5, budget: int = 3000) -> SearchResult:
+           every: float = 5.0, step_time: float = 0.5, budget: int = 3000,
+           sp: Space | None = None,
+           theta: Callable[[], np.ndarray | None] | None = None) -> SearchResult:
     """Improve the feasible compact plan ``x0`` until ``time_limit`` seconds have passed."""
     t0 = time.perf_counter()
     deadline = t0 + time_limit
-    sp = Space(cp)
+    sp = Space(cp) if sp is None else sp
     st = _State(sp, x0)
     rng = np.random.default_rng(seed)
     prices = _Prices(sp)
     best_x, best_obj = st.x.copy(), st.obj
     trace = [(0.0, best_obj)]
-    stats = dict(node_moves=0, dp=0, dp_better=0, lns=0, lns_better=0, lns_optimal=0, restarts=0)
+    stats = dict(node_moves=0, dp=0, dp_better=0, lns=0, lns_better=0, lns_optimal=0, restarts=0,
+                 kernel=0, kernel_better=0)
+    kc, since_gain = 2, 0
     last_log, last_gain = t0, t0
 
     def note() -> None:
-        nonlocal best_x, best_obj, last_gain
+        nonlocal best_x, best_obj, last_gain, since_gain
+        since_gain += 1
         if st.obj < best_obj:
-            best_x, best_obj, last_gain = st.x.copy(), st.obj, time.perf_counter()
+            best_x, best_obj, last_gain, since_gain = st.x.copy(), st.obj, time.perf_counter(), 0
             trace.append((last_gain - t0, best_obj))
 
     stats["node_moves"] += node_moves(st, deadline)
@@ -303,9 +342,24 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             gap = (best_obj - b) / max(abs(best_obj), 1e-300) if math.isfinite(b) else math.inf
             log(f"search {now - t0:6.1f}s incumbent {best_obj:.10g} bound {b:.10g} gap {gap:.3%} "
                 f"lns {stats['lns_better']}/{stats['lns']} dp {stats['dp_better']}/{stats['dp']} "
+                f"kernel {stats['kernel_better']}/{stats['kernel']} "
                 f"budget {budget} restarts {stats['restarts']}")
             last_log = now
         kind = it % 4
+        if since_gain >= 8:  # local neighbourhoods stall: restricted whole-problem MIP
+            since_gain = 0
+            left = deadline - time.perf_counter()
+            better, optimal, secs = kernel_move(st, theta() if theta else None, kc,
+                                                min(max(10 * step_time, 0.25 * left), left),
+                                                int(rng.integers(1 << 20)))
+            stats["kernel"] += 1
+            stats["kernel_better"] += better
+            kc = kc + 1 if optimal else max(kc - 1, 1)
+            if better:
+                stats["node_moves"] += node_moves(st, deadline)
+                stats["pair_moves"] += pair_moves(st, deadline)
+            note()
+            continue
         if kind == 0:
             stats["dp"] += 1
             if dp_move(st, rng, prices):
@@ -328,6 +382,10 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             stats["lns"] += 1
             stats["lns_better"] += better
             stats["lns_optimal"] += optimal
+            if optimal and S.size == sp.n:  # the whole problem was solved exactly
+                stats["exhausted"] = True
+                note()
+                break
             # aim at ~step_time per sub-solve
             f = min(max((step_time / max(secs, 1e-3)) ** 0.5, 0.7), 1.3) if optimal else 0.6
             budget = min(max(int(budget * f), 50), 200_000)

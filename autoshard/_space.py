@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from autoshard._compact import Compact, _offsets
+from autoshard._compact import Compact, _offsets, entry_index
 
 __all__ = ["Space", "RangeMax"]
 
@@ -80,6 +80,7 @@ class Space:
         self.t_g, self.t_v = cp.tg[o], cp.tv[o]
         self.tptr = np.searchsorted(self.t_g, np.arange(int(cp.off[-1]) + 1))
         self.safe = self._safe_moves()
+        self.entries = entry_index(cp.k, cp.off, cp.eu, cp.ev, cp.ebase)  # (edge, row g, col g)
 
     def _safe_moves(self) -> list[np.ndarray | None]:
         """Per node, ``safe[p, q]``: moving p -> q raises no member's memory (None: all)."""
@@ -103,6 +104,14 @@ class Space:
         """Cost of every strategy given the other nodes' choices in ``x``."""
         vals = self.W[self.static + x[self.other] * self.mult]
         return self.cost + np.bincount(self.tgt, weights=vals, minlength=self.cost.size)
+
+    def scores_split(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Like :meth:`scores` as (finite part, number of forbidden terms) per strategy."""
+        vals = self.W[self.static + x[self.other] * self.mult]
+        bad = np.isinf(vals)
+        fin = self.cost + np.bincount(self.tgt, weights=np.where(bad, 0.0, vals),
+                                      minlength=self.cost.size)
+        return fin, np.bincount(self.tgt, weights=bad, minlength=self.cost.size)
 
     def usage(self, x: np.ndarray) -> np.ndarray:
         cp = self.cp
