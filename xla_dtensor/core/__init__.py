@@ -5,7 +5,9 @@ import jax
 
 jax.config.update("jax_enable_x64", True)  # torch's default integer is int64
 
-from xla_dtensor.core.device import DEVICE_NAME, DeviceRegistrationError, device, register  # noqa: E402
+from xla_dtensor.core.device import (  # noqa: E402
+    DEVICE_NAME, AutogradEngineWarning, DeviceRegistrationError, device, register,
+)
 
 register()
 
@@ -19,4 +21,4 @@ from xla_dtensor.core.tensor import LazyTensor  # noqa: E402
 _special.register_factories()
 _index_checks.install()  # after data_dependent: the checks wrap its index handlers
 
-__all__ = ["DEVICE_NAME", "DeviceRegistrationError", "LazyTensor", "device", "mark_step", "sync", "wait"]
+__all__ = ["AutogradEngineWarning", "DEVICE_NAME", "DeviceRegistrationError", "LazyTensor", "device", "mark_step", "sync", "wait"]

@@ -26,7 +26,6 @@ Example:
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -62,6 +61,9 @@ LAUNCHED: list[tuple[list[Check], list[Any]]] = []  # computed by a launched pro
 
 def active() -> bool:
     """Whether ops are checked now: ``config.check_indices``, or by default in eager mode."""
+    from xla_dtensor.core import executor
+    if executor.CAPTURING[0]:
+        return False  # xla_dtensor.compile records the function: a replay runs no Python to check with
     mode = config.check_indices
     if mode is None:
         if _dispatch_mod.dispatch is _DISPATCH:
@@ -203,16 +205,14 @@ def _stack(*checks: Any) -> Any:
 
 
 def take() -> tuple[list[Check], list[Node]]:
-    """The pending checks that can still run (cleared), and the one node computing them all ([] if none).
+    """The pending checks (cleared), and the one node computing them all ([] if none).
 
     The caller adds the node to its program; its value (int64[k, 2]) goes to :func:`verify`.
     """
     if not PENDING:
         return [], []
-    checks = _runnable(PENDING[:])
+    checks = PENDING[:]
     PENDING.clear()
-    if not checks:
-        return [], []
     key = ("check_indices", len(checks))
     return checks, [make_node("check_indices", key, hash(key), tuple(c.node for c in checks), _stack)]
 
@@ -238,17 +238,3 @@ def verify(checks: list[Check], arrays: list[Any]) -> None:
         if bad:
             text = c.message.format(index=int(index), dim=c.dim, size=c.size)
             raise c.error(f"{text} ({c.op} at {c.where}; found by xla_dtensor.config.check_indices)")
-
-
-def _runnable(checks: list[Check]) -> list[Check]:
-    """``checks`` whose inputs still exist (a compiled replay may have donated a traced leaf's buffer)."""
-    from xla_dtensor.core.ir import topo_order
-    keep = []
-    for c in checks:
-        leaves = [n for n in topo_order([c.node]) if n.fn is None]
-        if any(getattr(n.data, "is_deleted", lambda: False)() for n in leaves):
-            warnings.warn(f"check_indices: {c.op} at {c.where} was not checked (its inputs were consumed by a "
-                          "compiled program)", stacklevel=3)
-            continue
-        keep.append(c)
-    return keep

@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 from xla_dtensor.jit.function import (CompiledFunction, DataDependentWarning, FreedInputWarning, GraphChangedWarning,
-                                      compile)
+                                      UnevenLayoutWarning, compile)
 
-__all__ = ["CompiledFunction", "DataDependentWarning", "FreedInputWarning", "GraphChangedWarning", "compile"]
+__all__ = ["CompiledFunction", "DataDependentWarning", "FreedInputWarning", "GraphChangedWarning",
+           "UnevenLayoutWarning", "compile"]

@@ -48,7 +48,10 @@ from xla_dtensor.core import tensor as T
 from xla_dtensor.core.ir import DATA, GETITEM, PARAM, Node
 from xla_dtensor.core.signature import op_info
 from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
+from xla_dtensor.jit import layouts
 from xla_dtensor.jit.args import chain_key
+from xla_dtensor.jit.names import tensor_names
+from xla_dtensor.spmd import layout as L
 
 
 @dataclass
@@ -78,6 +81,11 @@ class Capture:
     res_of: list[int] = field(default_factory=list)  # per written storage, gradient and output: its result index
     aliases: list[tuple] = field(default_factory=list)  # (leaf index, weakrefs of the other storages holding it)
     split_merge: bool = False   # storages merged by share_equal_scalars got different new values
+    settle: list = field(default_factory=list)  # (leaf, weakrefs of its holders, layout) per input to settle
+    names: list = field(default_factory=list)  # per leaf, the name of the tensor it is read from, or None
+    uneven: int = 0             # padded (unevenly sharded) values the program reads or writes
+    keys: list = field(default_factory=list)  # per node (topological order), its key (for messages)
+    node_names: dict = field(default_factory=dict)  # node position of a leaf -> names[leaf]
 
 
 def _params(flat: list) -> list[torch.Tensor]:
@@ -158,7 +166,11 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     params = _params(flat)
     grad_at, grad_before = _grads_at_start(params)
     host0 = metrics._COUNTS["transfers_to_host"]
-    out = fn(*args, **kwargs)
+    capturing, executor.CAPTURING[0] = executor.CAPTURING[0], True
+    try:
+        out = fn(*args, **kwargs)
+    finally:
+        executor.CAPTURING[0] = capturing
     host_reads = metrics._COUNTS["transfers_to_host"] - host0
     out_leaves, out_spec = pytree.tree_flatten(out)
     out_storages = {id(t._storage) for t in out_leaves if isinstance(t, LazyTensor)}
@@ -179,7 +191,7 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
         escaped = _escaped(start, out_storages, grad_storages)
 
     arg_of = {id(t._storage): k for k, t in enumerate(flat) if isinstance(t, LazyTensor)}
-    state, roots, mutated, written, written_old = [], [], set(), [], []
+    state, mutated, written, written_old, wstorages = [], set(), [], [], []
     for sid, (ref, old) in before.items():
         s = ref()
         if s is None or s.value is old:
@@ -187,19 +199,16 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
         mutated.add(id(old))
         src = ("arg", arg_of[sid]) if sid in arg_of else ("grad", grad_at[sid]) if sid in grad_at else ("cap", ref)
         state.append((src, s.meta))
-        roots.append(s.value)
         written.append(sid)
         written_old.append(old)
-    roots = _merged_items(roots)
-    for ref, _ in grads:
-        roots.append(value_of(ref().grad))
-    out_items = []
-    for t in out_leaves:
-        if isinstance(t, LazyTensor):
-            out_items.append(("t", t._meta))
-            roots.append(value_of(t))
-        else:
-            out_items.append(("py", t))
+        wstorages.append(s)
+    out_tensors = [t for t in out_leaves if isinstance(t, LazyTensor)]
+    layouts.run_hooks(list(LIVE))  # NOTE: every pending storage, as sync() would: a path that syncs next skips them
+    roots = _roots(wstorages, grads, out_tensors)
+    mesh = _settle_layouts(roots, wstorages, written_old, grads, flat, start)
+    if mesh is not None:
+        roots = _roots(wstorages, grads, out_tensors)
+    out_items = [("t", t._meta) if isinstance(t, LazyTensor) else ("py", t) for t in out_leaves]
 
     plan = executor._plan(roots)
     struct, leaves, fns, wiring = plan.struct, plan.leaves, plan.fns, plan.wiring
@@ -227,7 +236,56 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     cap.freed = [src[1] for src in sources if src[0] == "freed"]
     cap.cleared = cleared
     cap.grad_present = [(weakref.ref(p), id(p) in grad_before) for p in params]
+    if mesh is not None:  # inputs on one device in a program on several: replicated from the next call on
+        rep = layouts.replicated(mesh)
+        cap.settle = [(n, [ref for _, ref in holders.get(id(n), ())], rep) for i, n in enumerate(leaves)
+                      if sources[i][0] in ("cap", "grad") and layouts.single_device(n)]
+    cap.names = _leaf_names(sources, holders, tensor_names(flat), flat)
+    cap.keys = [n.key for n in plan.order]
+    cap.uneven = sum(1 for n in plan.order if n.op == L.UNPAD)
+    leaf_pos = [k for k, n in enumerate(plan.order) if n.fn is None]
+    cap.node_names = dict(zip(leaf_pos, cap.names))
     return cap, out
+
+
+def _roots(written: list[Storage], grads: list[tuple], out_tensors: list[LazyTensor]) -> list[Node]:
+    """The program's results: the written storages' values (equal foreach items merged), the new
+    gradients, the outputs."""
+    roots = _merged_items([s.value for s in written])
+    roots += [value_of(ref().grad) for ref, _ in grads]
+    return roots + [value_of(t) for t in out_tensors]
+
+
+def _settle_layouts(roots: list[Node], written: list[Storage], written_old: list[Node], grads: list[tuple],
+                    flat: list, start: int) -> Any:
+    """Pin the state's layouts (:mod:`xla_dtensor.jit.layouts`) if the program spans several
+    devices; returns its mesh, else ``None`` (nothing changed)."""
+    first = executor._plan(roots)
+    mesh = layouts.program_mesh(first.leaves, first.shardings)
+    if mesh is None or mesh.size < 2:
+        return None
+    new_grads = [(ref(), ref().grad) for ref, _ in grads]
+    slots = layouts.new_slots([x for x in flat if isinstance(x, torch.optim.Optimizer)], start)
+    layouts.pin_state(list(zip(written, written_old)), new_grads, slots, mesh)
+    return mesh
+
+
+def _leaf_names(sources: list[tuple], holders: dict[int, list], names: dict[int, str], flat: list) -> list:
+    """Per leaf, the name of the tensor it is read from (``None``: unnamed, or not a tensor)."""
+    out: list = []
+    for src in sources:
+        kind = src[0]
+        if kind == "arg":
+            out.append(names.get(id(flat[src[1]]._storage), f"argument #{src[1]}"))
+        elif kind == "cap":
+            s = src[1]()
+            out.append(names.get(id(s)) if s is not None else None)
+        elif kind == "grad":
+            p = src[1][0][0]()
+            out.append(f"gradient of {names.get(id(p._storage), 'a parameter')}" if p is not None else None)
+        else:
+            out.append(None)
+    return out
 
 
 def _grads_at_start(params: list[torch.Tensor]) -> tuple[dict[int, list], dict[int, Any]]:
@@ -266,25 +324,27 @@ def _merged_items(roots: list[Node]) -> list[Node]:
 
     Output ``i`` of a foreach op is computed from element ``i`` of its list arguments and
     its shared arguments alone, so two outputs whose elements are the same nodes are equal
-    (the step counters' ``_foreach_add_`` once they share one value).
+    (the step counters' ``_foreach_add_`` once they share one value). An item under a
+    sharding constraint (a pinned layout) merges with those under the same constraint.
     """
     first: dict[tuple, Node] = {}
-    layouts: dict[int, list] = {}
+    slot_of: dict[int, list] = {}
     out = []
     for r in roots:
-        node = r.inputs[0] if r.op == GETITEM else None
+        item = r.inputs[0] if r.fn is not None and L.is_constraint(r) else r
+        node = item.inputs[0] if item.op == GETITEM else None
         if node is None or not str(node.op).startswith("aten._foreach_") or len(op_info(node.op).mutated) > 1:
             out.append(r)
             continue
-        slots = layouts.get(id(node))
+        slots = slot_of.get(id(node))
         if slots is None:
             try:
-                slots = layouts[id(node)] = A.layout(node)
+                slots = slot_of[id(node)] = A.layout(node)
             except KeyError:  # no signature entry to read the layout from: leave it unmerged
                 out.append(r)
                 continue
-        i = r.key[1]
-        key = (id(node), tuple(id(x) for sl, x in zip(slots, node.inputs) if sl.item == i))
+        i = item.key[1]
+        key = (id(node), tuple(id(x) for sl, x in zip(slots, node.inputs) if sl.item == i), r.sharding)
         out.append(first.setdefault(key, r))
     return out
 

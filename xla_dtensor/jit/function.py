@@ -18,7 +18,7 @@ from typing import Any, Callable
 import jax
 
 from xla_dtensor import metrics
-from xla_dtensor.jit import replay
+from xla_dtensor.jit import layouts, replay
 from xla_dtensor.jit.args import describe_change, signature
 from xla_dtensor.jit.capture import capture, make_capturable, share_equal_scalars
 from xla_dtensor.config import config
@@ -37,6 +37,10 @@ class GraphChangedWarning(UserWarning):
 
 class DataDependentWarning(UserWarning):
     """A compiled function read device values on the host while tracing."""
+
+
+class UnevenLayoutWarning(UserWarning):
+    """A compiled function reads or writes an unevenly sharded tensor: it runs lazily."""
 
 
 class FreedInputWarning(UserWarning):
@@ -103,7 +107,7 @@ class CompiledFunction:
             if self._last_sig is None:
                 reason = "first call"
             elif sig == self._last_sig:
-                reason = "the previous call created new state tensors"
+                reason = "the previous call was not cached (it created state tensors or settled layouts)"
             else:
                 reason = f"new input signature: {describe_change(self._last_sig, sig)}"
         else:
@@ -114,7 +118,7 @@ class CompiledFunction:
         """Warn ``why``, run this call's graph, and run ``sig`` lazily (traced) from now on."""
         warnings.warn(why, stacklevel=4)
         self._lazy.add(sig)
-        executor.sync()
+        executor.sync(pre_hooks=False)  # capture ran them
         _mark_clean()
         return out
 
@@ -152,18 +156,27 @@ class CompiledFunction:
                 f"freed and that no argument, parameter gradient or live tensor reaches, so a later call could not "
                 f"find their values; it runs lazily (traced) on every call with this signature. Pass such "
                 f"tensors as arguments"))
+        if cap.uneven:
+            return self._lazy_from_now(sig, out, UnevenLayoutWarning(
+                f"compile({self._name}): the function reads or writes {cap.uneven} unevenly sharded tensor(s) (a dim "
+                f"not divisible by its shard count, held padded); compiled programs do not replay those yet, so it "
+                f"runs lazily (traced) on every call with this signature"))
         if cap.split_merge:  # equal scalars shared for this trace were written with different values
             self._unshared.add(sig)
             analysis.event("trace", f"compile call ({reason}; shared equal scalars diverged: not cached, traced "
                            f"again without sharing)", hash(cap.struct), len(cap.leaves), len(cap.roots),
                            site=self._name, force=True)
-            executor.sync()
+            executor.sync(pre_hooks=False)
             _mark_clean()
             return out
-        if cap.escaped:  # e.g. optimizer state created on this call: run it, trace again next time
-            analysis.event("trace", f"compile call ({reason}; {cap.escaped} new state tensor(s): not cached)",
+        if cap.escaped or cap.settle:  # e.g. optimizer state created on this call: run it, trace again next time
+            why = [f"{cap.escaped} new state tensor(s)"] if cap.escaped else []
+            if cap.settle:
+                why.append(f"{len(cap.settle)} input(s) on one device settled replicated over the mesh")
+            analysis.event("trace", f"compile call ({reason}; {', '.join(why)}: not cached)",
                            hash(cap.struct), len(cap.leaves), len(cap.roots), site=self._name, force=True)
-            executor.sync()
+            executor.sync(pre_hooks=False)
+            layouts.settle(cap.settle)
             _mark_clean()
             self._last_sig = sig
             return out

@@ -18,10 +18,12 @@ from xla_dtensor.core import executor
 from xla_dtensor.jit.capture import Capture, _host_array
 from xla_dtensor.core.ir import DATA, Node, data_leaf
 from xla_dtensor.core.tensor import LazyTensor, new_tensor
+from xla_dtensor.jit import describe
 from xla_dtensor.jit.args import chain_key
 from xla_dtensor.random import next_key
 
 
+LAYOUT_CHANGED = "an input differs from the traced one"
 SHARED_SPLIT = "tensors that held one value when traced (equal optimizer step counters) no longer do"
 GRADS_CHANGED = "gradients differ from the traced call"
 
@@ -36,10 +38,12 @@ class Entry:
 
     __slots__ = ("compiled", "template", "arg_in", "cap_in", "grad_in", "key_in", "host_in", "grad_present",
                  "cleared", "state_w", "grad_w", "out_w", "out_spec", "donate", "keep", "struct", "ops", "sources",
-                 "calls", "always_trace", "n_in", "n_out", "alias_in")
+                 "calls", "always_trace", "n_in", "n_out", "alias_in", "keys", "node_names", "in_info")
 
     def __init__(self, cap: Capture, compiled: Any, results: list) -> None:
         self.compiled, self.struct, self.ops, self.sources = compiled, cap.struct, cap.ops, cap.sources
+        self.keys, self.node_names = cap.keys, cap.node_names
+        self.in_info: dict[int, tuple] = {}  # program input -> (tensor name, traced leaf key), for messages
         self.calls, self.always_trace = 0, False
         self.n_in, self.n_out = len(cap.leaves), len(results)
         pos = {i: j for j, i in enumerate(arg_order(cap))}
@@ -49,6 +53,7 @@ class Entry:
             if k not in pos:  # a baked constant
                 continue
             i, kind = pos[k], src[0]
+            self.in_info[i] = (cap.names[k] if k < len(cap.names) else None, n.key)
             if kind == "arg":
                 self.arg_in.append((i, src[1], n.hash))
             elif kind == "cap":
@@ -101,17 +106,16 @@ class Entry:
         inputs = self.template.copy()
         for i, k, h in self.arg_in:
             v = flat[k]._storage.value
-            if v.hash != h:
-                return f"tensor argument #{k} is not device data of the traced shape/dtype/sharding"
+            if v.hash != h and not self.heal(i, v):
+                return self.mismatch(i, v)
             inputs[i] = v.data
         for i, ref, h in self.cap_in:
             s = ref()
             if s is None:
                 return f"captured tensor (program input {i}) was freed"
             v = s.value
-            if v.hash != h:
-                return (f"captured tensor (program input {i}, shape {list(s.meta[0])}) changed shape, dtype "
-                        f"or sharding, or holds pending ops")
+            if v.hash != h and not self.heal(i, v):
+                return self.mismatch(i, v)
             inputs[i] = v.data
         for ref, had in self.grad_present:
             p = ref()
@@ -125,6 +129,10 @@ class Entry:
             v = _grad_value(holders, h)
             if type(v) is NewProgram:
                 return v
+            if type(v) is Node:
+                if not self.heal(i, v):
+                    return self.mismatch(i, v)
+                v = v.data
             inputs[i] = v
         for i in self.key_in:
             inputs[i] = next_key()
@@ -141,6 +149,34 @@ class Entry:
             if len(ids) < len(self.donate) or any(id(inputs[i]) in ids for i in self.keep):
                 return "a donated buffer is shared with another input"
         return inputs
+
+    def heal(self, i: int, value: Node) -> bool:
+        """Whether program input ``i``'s new value is device data of the traced shape and dtype in an
+        equivalent layout (``P('d', None)`` traced, ``P('d',)`` now: XLA returns its outputs' specs
+        without trailing ``None`` s); if so this entry expects its hash from now on.
+
+        NOTE: the slow path of a replay, taken once per input whose layout object changed.
+        """
+        name, key = self.in_info.get(i, (None, None))
+        if key is None or value.op != DATA or value.fn is not None or value.key[1:3] != key[1:3]:
+            return False
+        old, new = key[3], value.key[3]
+        if old is None or new is None or not new.is_equivalent_to(old, len(key[1])):
+            return False
+        h = value.hash
+        self.arg_in = [(a, k, h if a == i else x) for a, k, x in self.arg_in]
+        self.cap_in = [(a, r, h if a == i else x) for a, r, x in self.cap_in]
+        self.grad_in = [(a, r, h if a == i else x) for a, r, x in self.grad_in]
+        self.in_info[i] = (name, value.key)
+        return True
+
+    def mismatch(self, i: int, value: Node) -> NewProgram:
+        """Program input ``i`` holds ``value``, which is not the traced device data: a new program
+        for new input layouts (or shapes), not a changed graph."""
+        name, key = self.in_info.get(i, (None, None))
+        if key is None:
+            return NewProgram(f"program input {i} changed")
+        return NewProgram(f"{LAYOUT_CHANGED}: {describe.mismatch(name, key, value)}")
 
     def apply(self, results: list, flat: list) -> Any:
         """Rebind mutated storages, set new gradients, and build the outputs.
@@ -172,8 +208,8 @@ class Entry:
 
 def _grad_value(holders: list, h: int) -> Any:
     """The array of the gradient the first of ``holders`` (``(parameter ref, view chain key)``)
-    holds, or why it does not fit (a :class:`NewProgram`): no gradient, another view chain or
-    storage, pending ops."""
+    holds; else why it does not fit (a :class:`NewProgram`: no gradient, another view chain or
+    storage), or the value it holds when that is not the traced device data (a ``Node``)."""
     storage = None
     for ref, chain in holders:
         p = ref()
@@ -186,8 +222,7 @@ def _grad_value(holders: list, h: int) -> Any:
             return NewProgram(f"{GRADS_CHANGED}: gradients that were views of one tensor when traced no longer are")
     v = storage.value
     if v.hash != h:
-        return NewProgram(f"{GRADS_CHANGED}: a gradient (shape {list(storage.meta[0])}) changed shape, dtype or "
-                          f"sharding, or holds pending ops")
+        return v  # the caller names it
     return v.data
 
 
@@ -221,13 +256,8 @@ def first_inputs(cap: Capture) -> list:
 def compare(entry: Entry, cap: Capture) -> str | None:
     """``None`` if ``cap`` recorded the same program with the same sources, else what differs."""
     if entry.struct != cap.struct:
-        a, b = entry.struct, cap.struct
-        for i in range(min(len(a), len(b))):
-            if a[i] != b[i]:
-                was = entry.ops[i] if i < len(entry.ops) else "?"
-                now = cap.ops[i] if i < len(cap.ops) else "?"
-                return f"graph differs at node {i}: was {was}, now {now}"
-        return f"graph has {len(b)} nodes, was {len(a)} (first {min(len(a), len(b))} equal)"
+        return describe.first_difference((entry.struct, entry.ops, entry.keys, entry.node_names),
+                                         (cap.struct, cap.ops, cap.keys, cap.node_names))
     for i, (s0, s1) in enumerate(zip(entry.sources, cap.sources)):
         if s0[0] != s1[0]:
             return f"program input {i} comes from {s1[0]!r}, was {s0[0]!r}"

@@ -1,0 +1,45 @@
+"""Names of the tensors a compiled call reads, for messages: parameter names, optimizer slots.
+
+Example:
+    >>> import torch
+    >>> lin = torch.nn.Linear(2, 2)
+    >>> sorted(tensor_names([lin]).values())
+    ['bias', 'weight']
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def _key(t: torch.Tensor) -> int:
+    storage = getattr(t, "_storage", None)
+    return id(storage) if storage is not None else id(t)
+
+
+def tensor_names(flat: list[Any]) -> dict[int, str]:
+    """``id(storage) -> name`` for the tensors ``flat`` (a call's flattened arguments) reaches.
+
+    Module parameters and buffers by their qualified names, optimizer state as
+    ``"<slot> of <parameter>"`` (a parameter no module names is ``param_groups[g][i]``),
+    tensor arguments as ``"argument #k"``.
+    """
+    names: dict[int, str] = {}
+    for k, x in enumerate(flat):
+        if isinstance(x, torch.nn.Module):
+            for n, p in x.named_parameters(remove_duplicate=False):
+                names.setdefault(_key(p), n)
+            for n, b in x.named_buffers(remove_duplicate=False):
+                names.setdefault(_key(b), n)
+    for k, x in enumerate(flat):
+        if isinstance(x, torch.optim.Optimizer):
+            for g, group in enumerate(x.param_groups):
+                for i, p in enumerate(group["params"]):
+                    pname = names.setdefault(_key(p), f"param_groups[{g}][{i}]")
+                    for slot, t in x.state.get(p, {}).items():
+                        if isinstance(t, torch.Tensor):
+                            names.setdefault(_key(t), f"optimizer state {slot!r} of {pname}")
+        elif isinstance(x, torch.Tensor):
+            names.setdefault(_key(x), f"argument #{k}")
+    return names
