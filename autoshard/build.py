@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import warnings
 from collections import defaultdict
+from functools import lru_cache
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -32,9 +33,9 @@ from autoshard.cost import combined_collectives, compute_cost, memory_bytes, res
 from autoshard.graph import Graph, Node
 from autoshard.problem import Problem
 from autoshard.spec import Spec, spec_str
-from autoshard.strategies import DimRule, Strategy, enumerate_strategies, follow_strategies, rule_for
+from autoshard.strategies import DimRule, Strategy, enumerate_strategies, follow_strategies
 from autoshard.strategies.base import check_rule
-from autoshard.strategies.generic import generic_rule, opaque_rule
+from autoshard.strategies.generic import opaque_rule, resolve
 from autoshard.tying import UnionFind, layer_ties
 
 
@@ -100,8 +101,18 @@ def _edge_matrix(src: list, dst: list, meta, topo: Topology, unread: bool = Fals
         return np.zeros((len(src), len(dst)))
     us, ui = _unique(src)
     vs, vi = _unique(dst)
-    small = np.array([[reshard_cost(a, b, meta, topo) for b in vs] for a in us])
-    return small[np.ix_(ui, vi)]
+    return _small_matrix(tuple(us), tuple(vs), meta.nbytes, topo)[np.ix_(ui, vi)]
+
+
+@lru_cache(maxsize=1 << 14)
+def _small_matrix(us: tuple, vs: tuple, nbytes: int, topo: Topology) -> np.ndarray:
+    """Costs between distinct specs; shared by every edge with the same spec lists and size (read-only)."""
+    from autoshard.graph import TensorMeta
+
+    meta = TensorMeta((nbytes,), "uint8")
+    out = np.array([[reshard_cost(a, b, meta, topo) for b in vs] for a in us])
+    out.flags.writeable = False
+    return out
 
 
 def _unique(specs: list) -> tuple[list, np.ndarray]:
@@ -148,11 +159,12 @@ def node_strategies(graph: Graph, topo: Topology, generic: dict[str, str] | None
 def _strategies_of(node: Node, graph: Graph, in_metas: tuple, strats: list[list[Strategy]], sizes: tuple[int, ...],
                    generic: dict[str, str]) -> tuple[DimRule, list[Strategy], int | None]:
     """A node's rule, its strategies and the node it follows (None for a leader)."""
-    rule = rule_for(node, graph)
-    if rule is None:
-        rule, generic[node.op] = generic_rule(node, graph)
+    rule, kind = resolve(node, graph)
+    if kind != "registered":
+        generic[node.op] = kind
     check_rule(rule, in_metas, node.outputs)
     if rule.follower and node.inputs:
+        rule = _flexible_leader(rule, node, strats)
         u, idx = node.inputs[rule.leader]
         leader_specs = [s.out_specs[idx] for s in strats[u]]
         return rule, follow_strategies(rule, leader_specs, in_metas, node.outputs, sizes), u
@@ -258,6 +270,24 @@ def build_model(graph: Graph, topo: Topology, memory_limit: float | None = None,
             else:
                 by_key[key] = f
     return Model(graph, topo, rules, strats, follows, problem, uf.groups(), unknown, generic, untied_groups)
+
+
+def _flexible_leader(rule: DimRule, node: Node, strats: list[list[Strategy]]) -> DimRule:
+    """Among inputs labelled like the leader (a residual ``add``'s two operands), follow the freest one.
+
+    A follower has exactly the splits of the input it follows; following one whose
+    producer cannot split the batch (an MoE combine that gathers its rows) would keep the
+    whole rest of the block replicated, while its twin operand can split.
+    """
+    labels = rule.inputs[rule.leader]
+
+    def freedom(i: int) -> tuple[int, bool]:
+        u, idx = node.inputs[i]
+        return len({s.out_specs[idx] for s in strats[u]}), i == rule.leader
+
+    same = [i for i, lab in enumerate(rule.inputs) if lab == labels and i < len(node.inputs)]
+    best = max(same, key=freedom)
+    return rule if best == rule.leader else replace(rule, leader=best)
 
 
 def _internal_cost(rule: DimRule, strategy: Strategy, topo: Topology) -> float:

@@ -105,11 +105,20 @@ def _current_mesh() -> Any:
 def slice_xla_mesh(device_mesh: Any, names: tuple[str, ...]) -> Any:
     """torch's own ``device_mesh[names]`` for an ``"xla"`` mesh (which has no process groups)."""
     from torch.distributed.device_mesh import DeviceMesh
-    for m in (device_mesh, device_mesh._get_root_mesh()):
-        if not hasattr(m, "_dim_group_names"):
-            m._dim_group_names = []  # NOTE: no groups to slice; torch only copies this list
+    root = device_mesh._get_root_mesh()
+    added = [m for m in ((device_mesh,) if root is device_mesh else (device_mesh, root))
+             if not hasattr(m, "_dim_group_names")]
+    for m in added:
+        m._dim_group_names = []  # NOTE: no groups to slice; torch only copies this list
     getitem = getattr(DeviceMesh.__getitem__, "__wrapped__", DeviceMesh.__getitem__)
-    return getitem(device_mesh, names[0] if len(names) == 1 else names)
+    try:
+        sub = getitem(device_mesh, names[0] if len(names) == 1 else names)
+    finally:  # NOTE: torch's _unflatten would try to make process groups for a mesh that has the list
+        for m in added:
+            del m._dim_group_names
+    if sub is not device_mesh and sub.__dict__.get("_dim_group_names") == []:
+        del sub._dim_group_names
+    return sub
 
 
 def _wrap_torch() -> None:

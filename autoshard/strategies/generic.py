@@ -2,9 +2,10 @@
 
 Tried in order, the first that applies wins (:func:`generic_rule` names which):
 
-1. ``inplace``: ``aten.X_.ov`` takes the rule of ``aten.X.ov`` (or of the packet ``aten.X``).
-2. ``pointwise``: torch tags the op ``pointwise`` (or DTensor's pointwise list holds it):
-   the elementwise rule (broadcasting, follows its deepest operand).
+1. ``inplace``: ``aten.X_.ov`` and ``aten.X_copy.ov`` take the rule of ``aten.X.ov`` (or of the
+   packet ``aten.X``); every ``aten._foreach_*`` op the foreach rule (per list element).
+2. ``pointwise``: torch tags the op (or, for an in-place ``X_``, its functional form)
+   ``pointwise``: the elementwise rule (broadcasting, follows its deepest operand).
 3. ``same-shape``: an aten op whose every output has the shape of its largest input, the
    other inputs broadcasting to it: the op follows that input dim for dim, except the
    dims its integer arguments name (a scan's or a sort's ``dim``) and, for matrix
@@ -33,16 +34,26 @@ from typing import Any
 from autoshard.graph import Graph, Node
 from autoshard.strategies._util import broadcast_labels, dims, ins, norm_dim
 from autoshard.strategies.base import DimRule
-from autoshard.strategies.registry import lookup
+from autoshard.strategies.registry import lookup, rule_for
 
 KINDS = ("inplace", "pointwise", "same-shape", "source", "opaque")
 _MATRIX = ("linalg", "cholesky", "inverse", "lu", "triangular_solve", "matrix_exp", "slogdet", "det", "qr", "svd",
            "eig", "pinverse", "solve")
 
 
+def resolve(node: Node, graph: Graph) -> tuple[DimRule, str]:
+    """The node's registered rule (kind ``"registered"``) or else its generic one and kind."""
+    rule = rule_for(node, graph)
+    return (rule, "registered") if rule is not None else generic_rule(node, graph)
+
+
 def generic_rule(node: Node, graph: Graph) -> tuple[DimRule, str]:
     """The rule for an op without a registered one, and which of :data:`KINDS` made it."""
     functional = _functional(node.op)
+    if node.op.startswith("aten._foreach_"):
+        from autoshard.strategies.optimizer import foreach
+
+        return foreach(node, graph), "inplace"
     if functional is not None:
         rule = lookup(functional)(node, graph)
         if rule is not None:
@@ -78,29 +89,27 @@ def opaque_rule(node: Node, graph: Graph) -> DimRule:
 
 
 def _functional(op: str) -> str | None:
-    """``aten.X.ov`` for an in-place ``aten.X_.ov`` whose functional form has a rule."""
+    """``aten.X.ov`` for an in-place ``aten.X_.ov`` or a copying ``aten.X_copy.ov`` whose plain form has a rule."""
     parts = op.split(".")
-    if len(parts) < 2 or parts[0] != "aten" or not parts[1].endswith("_") or parts[1].startswith("_foreach"):
+    if len(parts) < 2 or parts[0] != "aten" or parts[1].startswith("_foreach"):
         return None
-    name = ".".join([parts[0], parts[1][:-1], *parts[2:]])
-    return name if lookup(name) is not None else None
+    for suffix in ("_copy", "_"):
+        if parts[1].endswith(suffix) and len(parts[1]) > len(suffix):
+            name = ".".join([parts[0], parts[1][:-len(suffix)], *parts[2:]])
+            if lookup(name) is not None:
+                return name
+    return None
 
 
 @lru_cache(maxsize=None)
 def is_pointwise(op: str) -> bool:
-    """Whether torch marks aten op ``op`` (``"aten.X.ov"``) pointwise (tag or DTensor's list)."""
-    overload = _overload(op)
-    if overload is None:
-        return False
+    """Whether torch tags aten op ``op`` (``"aten.X.ov"``; an in-place ``X_``: its functional form) pointwise."""
     import torch
 
-    if torch.Tag.pointwise in overload.tags:
-        return True
-    try:  # NOTE: DTensor's list is private API; it only widens the tag, so its absence is harmless
-        from torch.distributed.tensor._ops._pointwise_ops import pointwise_ops
-    except ImportError:  # pragma: no cover
-        return False
-    return overload in set(pointwise_ops)
+    parts = op.split(".")
+    names = [op] + ([".".join([parts[0], parts[1][:-1], *parts[2:]])] if len(parts) == 3 and parts[1].endswith("_")
+                    else [])
+    return any(o is not None and torch.Tag.pointwise in o.tags for o in map(_overload, names))
 
 
 def _overload(op: str) -> Any:

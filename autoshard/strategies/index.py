@@ -64,15 +64,27 @@ def index_add(node: Node, graph: Graph) -> DimRule:
 
 @register("aten.index.Tensor")
 def index(node: Node, graph: Graph) -> DimRule:
-    """``x[idx0, ...]`` with leading tensor indices: the trailing, unindexed dims may split."""
+    """``x[idx0, ...]`` with leading tensor indices: out = broadcast(idx) dims + x's unindexed tail.
+
+    A gather, like an embedding lookup: split index dims give split output rows (``x``
+    whole), the tail dims split ``x`` and the output alike. When the output's shape is not
+    ``broadcast(idx) + tail`` (``None`` entries in the index list, which the graph does
+    not keep), only the tail may split.
+    """
     metas = ins(node, graph)
-    x, n_idx = metas[0], len(metas) - 1
+    x, idx = metas[0], metas[1:]
     out = node.outputs[0]
-    tail = dims("t", x.ndim - n_idx)
-    x_labels = (None,) * n_idx + tail
-    idx_labels = tuple((None,) * m.ndim for m in metas[1:])
-    out_labels = (None,) * (out.ndim - len(tail)) + tail
-    return DimRule((x_labels,) + idx_labels, (out_labels,), follower=True, flops=float(out.numel))
+    tail = dims("t", x.ndim - len(idx))
+    lead = out.ndim - len(tail)
+    x_labels = (None,) * len(idx) + tail
+    bshape = out.shape[:lead]
+    if lead >= 0 and out.shape[lead:] == x.shape[len(idx):] and all(m.ndim <= lead for m in idx):
+        b = dims("b", lead)
+        idx_labels = tuple(tuple(None if s == 1 and bshape[lead - m.ndim + i] != 1 else b[lead - m.ndim + i]
+                                 for i, s in enumerate(m.shape)) for m in idx)
+        return DimRule((x_labels,) + idx_labels, (b + tail,), flops=float(out.numel))
+    idx_labels = tuple((None,) * m.ndim for m in idx)
+    return DimRule((x_labels,) + idx_labels, ((None,) * max(0, lead) + tail,), follower=True, flops=float(out.numel))
 
 
 @register("aten.index_put", "aten._unsafe_index_put", "aten._index_put_impl")

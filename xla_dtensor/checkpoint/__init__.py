@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import warnings
 from typing import Any, Iterator
@@ -71,6 +72,13 @@ def _unwrapped() -> Iterator[None]:
         raise
 
 
+def _check_args(state_dict: Any, path: Any) -> None:
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"state_dict must be a dict (nested dicts allowed), got {type(state_dict).__name__}")
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise TypeError(f"path must be a non-empty str or os.PathLike directory, got {path!r}")
+
+
 def save(state_dict: dict[str, Any], path: str | os.PathLike, *, timeout: float = 300.0) -> None:
     """Write ``state_dict`` (nested dicts allowed) as a checkpoint directory ``path``.
 
@@ -82,7 +90,15 @@ def save(state_dict: dict[str, Any], path: str | os.PathLike, *, timeout: float 
         CheckpointError: ``path`` is another kind of directory; a value that
             ``torch.load(weights_only=True)`` could not read back; a process that did not
             report its part.
+        ValueError: ``timeout`` is not a positive number of seconds.
+
+    Example:
+        >>> import tempfile, torch
+        >>> save({"w": torch.ones(2), "step": 3}, tempfile.mkdtemp() + "/ckpt")
     """
+    _check_args(state_dict, path)
+    if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     from xla_dtensor.core.executor import sync
     sync()
     with _quiet(), _unwrapped():
@@ -97,7 +113,15 @@ def load(state_dict: dict[str, Any], path: str | os.PathLike, *, allow_unverifie
 
     Raises:
         CheckpointError: see the module doc; the message names the file or key.
+
+    Example:
+        >>> import tempfile, torch
+        >>> path = tempfile.mkdtemp() + "/ckpt"
+        >>> save({"w": torch.arange(3.)}, path)
+        >>> load({"w": torch.zeros(3)}, path)["w"]
+        tensor([0., 1., 2.])
     """
+    _check_args(state_dict, path)
     reader = Reader(path, allow_unverified=allow_unverified)
     reader.read_metadata()  # NOTE: first here: DCP would turn the CheckpointError into an AssertionError
     hooks.close_sessions()

@@ -84,6 +84,8 @@ def _chunk(box: Box) -> ChunkStorageMetadata:
 def write_items(fqn: str, t: LazyTensor) -> list[WriteItem]:
     """DCP write items: one per distinct shard whose replica 0 this process holds."""
     _end_session(t)  # a save after a load that never filled reads the tensor, not stale buffers
+    if jax.process_count() > 1 and jax.process_index() != 0 and _array(t)[0].is_fully_addressable:
+        return []  # NOTE: a process-local array (not a global one): every process has its own; 0 writes it
     props = TensorProperties(dtype=t.dtype, requires_grad=False)
     size = torch.Size(t.shape)
     return [WriteItem(index=MetadataIndex(fqn, torch.Size(box[0])), type=WriteItemType.SHARD,

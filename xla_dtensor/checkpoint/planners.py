@@ -48,6 +48,15 @@ from xla_dtensor.core.tensor import LazyTensor
 class SavePlanner(DefaultSavePlanner):
     """DCP's default save planner, safe to load back and multi-process aware (module doc)."""
 
+    def set_up_planner(self, state_dict: dict[str, Any], storage_meta: Any = None, is_coordinator: bool = False) -> None:
+        try:
+            super().set_up_planner(state_dict, storage_meta, is_coordinator)
+        except ValueError as err:
+            if "duplicated flatten key" not in str(err):
+                raise
+            raise CheckpointError(f"two entries of the state dict flatten to the same key ({err}): nested dicts are "
+                                  f"stored under their dotted path, e.g. {{'a': {{'b': x}}}} as 'a.b'") from None
+
     def create_local_plan(self) -> SavePlan:
         plan = super().create_local_plan()
         if jax.process_index() != 0:  # process 0 writes the values every process holds

@@ -15,7 +15,7 @@ through an allow-list of DCP's metadata classes, with sizes and paths still chec
 Example:
     >>> import tempfile, torch, torch.distributed.checkpoint as dcp
     >>> path = tempfile.mkdtemp() + "/c"
-    >>> dcp.save({"w": torch.ones(2)}, storage_writer=Writer(path), no_dist=True)
+    >>> _ = dcp.save({"w": torch.ones(2)}, storage_writer=Writer(path), no_dist=True)
     >>> sd = {"w": torch.zeros(2)}
     >>> dcp.load(sd, storage_reader=Reader(path), no_dist=True); sd["w"]
     tensor([1., 1.])
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.filesystem import FileSystemWriter, _StoragePrefix
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, FileSystemWriter, _StoragePrefix
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import StorageReader, WriteResult
@@ -161,7 +161,7 @@ class Writer(FileSystemWriter):
                     have["chunks"].extend(e["chunks"])
         M.validate(m, self.final)
         md = M.to_metadata(m)
-        md.version = "1.0.0"
+        md.version = CURRENT_DCP_VERSION
         blob = pickle.dumps(md)
         _write_file(os.path.join(self.path, M.DCP_METADATA), blob)
         m["files"][M.DCP_METADATA] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
@@ -182,7 +182,6 @@ class Reader(StorageReader):
         self.allow_unverified = allow_unverified
         self._metadata: Metadata | None = None
         self._records: dict[tuple[str, Any], dict[str, Any]] | None = None
-        self._sizes: dict[str, int] = {}
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id is not None:
@@ -207,8 +206,7 @@ class Reader(StorageReader):
                 except ValueError as err:
                     raise CheckpointError(f"{os.path.join(self.path, M.NAME)}: not valid JSON ({err})") from None
             m = M.validate(raw, os.path.join(self.path, M.NAME))
-            self._sizes = {name: info["size"] for name, info in m["files"].items()}
-            self._check_sizes()
+            self._check_files(m["files"])
             self._records = M.entry_digests(m)
             return M.to_metadata(m)
         if M.DCP_METADATA in names and self.allow_unverified:
@@ -226,29 +224,35 @@ class Reader(StorageReader):
         from xla_dtensor.checkpoint.safe_unpickle import load_dcp_metadata
         with open(os.path.join(self.path, M.DCP_METADATA), "rb") as f:
             md = load_dcp_metadata(f, os.path.join(self.path, M.DCP_METADATA))
+        sizes: dict[str, int] = {}
         for idx, info in (md.storage_data or {}).items():
             name = M.check_file_name(getattr(info, "relative_path", None), f"{self.path}: {idx.fqn!r}")
             if getattr(info, "transform_descriptors", None):
                 raise CheckpointError(f"{idx.fqn!r}: stream transforms {info.transform_descriptors} are not supported")
-            if name not in self._sizes:
-                full = os.path.join(self.path, name)
+            full = os.path.join(self.path, name)
+            if name not in sizes:
                 if not os.path.isfile(full) or os.path.islink(full):
                     raise CheckpointError(f"{full}: missing (listed in {M.DCP_METADATA} for {idx.fqn!r})")
-                self._sizes[name] = os.path.getsize(full)
-            if info.offset < 0 or info.length < 0 or info.offset + info.length > self._sizes[name]:
-                raise CheckpointError(f"{os.path.join(self.path, name)}: truncated ({self._sizes[name]} bytes, "
-                                      f"{idx.fqn!r} needs bytes {info.offset}..{info.offset + info.length})")
+                sizes[name] = os.path.getsize(full)
+            if info.offset < 0 or info.length < 0 or info.offset + info.length > sizes[name]:
+                raise CheckpointError(f"{full}: truncated ({sizes[name]} bytes, {idx.fqn!r} needs bytes "
+                                      f"{info.offset}..{info.offset + info.length})")
         self._records = None
         return md
 
-    def _check_sizes(self) -> None:
-        for name, size in self._sizes.items():
+    def _check_files(self, files: dict[str, Any]) -> None:
+        """Every listed file exists with its size (and whole-file checksum where one is given)."""
+        for name, info in files.items():
             full = os.path.join(self.path, name)
             if os.path.islink(full) or not os.path.isfile(full):
-                raise CheckpointError(f"{full}: missing (the manifest lists it with {size} bytes)")
+                raise CheckpointError(f"{full}: missing (the manifest lists it with {info['size']} bytes)")
             have = os.path.getsize(full)
-            if have != size:
-                raise CheckpointError(f"{full}: {have} bytes, the manifest says {size} (truncated or altered)")
+            if have != info["size"]:
+                raise CheckpointError(f"{full}: {have} bytes, the manifest says {info['size']} (truncated or altered)")
+            if "sha256" in info:
+                with open(full, "rb") as f:
+                    if _sha256(f, 0, have) != info["sha256"]:
+                        raise CheckpointError(f"{full}: checksum mismatch (the file was altered)")
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.storage_data = metadata.storage_data
@@ -285,7 +289,11 @@ class Reader(StorageReader):
                         for req in reqs:
                             planner.load_bytes(req, io.BytesIO(data))
                         continue
-                    stored = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+                    try:
+                        stored = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+                    except Exception as err:
+                        raise CheckpointError(f"{os.path.join(self.path, name)}: the bytes of {index.fqn!r} are not a "
+                                              f"plain tensor ({type(err).__name__}: {str(err)[:200]})") from None
                     if not isinstance(stored, torch.Tensor):
                         raise CheckpointError(f"{os.path.join(self.path, name)}: {index.fqn!r} holds no tensor")
                     for req in reqs:

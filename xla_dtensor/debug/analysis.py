@@ -161,10 +161,10 @@ def install() -> None:
     from xla_dtensor.debug import metrics_report as timing
     real = executor.execute
 
-    def execute(roots: list, donate: set[int] | None = None, partners: list | None = None) -> list:
+    def execute(roots: list, donate: set[int] | None = None, partners: list | None = None, plan: Any = None) -> list:
         c0 = metrics._COUNTS["compiles"]
         t0 = time.perf_counter()
-        out = real(roots, donate, partners)
+        out = real(roots, donate, partners, plan)
         dt = time.perf_counter() - t0
         compiled = metrics._COUNTS["compiles"] != c0
         timing.record("compile" if compiled else "execute", dt)

@@ -84,8 +84,30 @@ def describe_change(old: tuple, new: tuple) -> str:
         if a != b:
             if i == len(old) - 1:
                 return f"torch.is_grad_enabled() {a} -> {b}"
+            if _kind(a) == _kind(b) == "O":
+                return f"argument {i}: optimizer {_optimizer_change(a, b)}"
             return f"argument {i}: {_words(a)} -> {_words(b)}"
     return "no argument changed"
+
+
+def _kind(s: Any) -> Any:
+    return s[0] if isinstance(s, tuple) and s and isinstance(s[0], str) else None
+
+
+def _optimizer_change(a: tuple, b: tuple) -> str:
+    """What differs between two optimizer signatures ``("O", id, state entries, hyperparameters)``."""
+    parts = []
+    if a[1] != b[1]:
+        parts.append("is another object")
+    if a[2] != b[2]:
+        parts.append(f"state entries {a[2]} -> {b[2]}")
+    for g, (ga, gb) in enumerate(zip(a[3], b[3])):
+        changed = [f"{k} {dict(ga).get(k)!r} -> {v!r}" for k, v in gb if dict(ga).get(k) != v]
+        if changed:
+            parts.append(f"param group {g}: " + ", ".join(changed))
+    if len(a[3]) != len(b[3]):
+        parts.append(f"param groups {len(a[3])} -> {len(b[3])}")
+    return "; ".join(parts) or "changed"
 
 
 def _words(s: Any) -> str:

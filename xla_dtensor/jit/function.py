@@ -107,7 +107,7 @@ class CompiledFunction:
             if self._last_sig is None:
                 reason = "first call"
             elif sig == self._last_sig:
-                reason = "the previous call created new state tensors"
+                reason = "the previous call was not cached (it created state tensors or settled layouts)"
             else:
                 reason = f"new input signature: {describe_change(self._last_sig, sig)}"
         else:

@@ -160,7 +160,9 @@ def describe(sharding: Any) -> str:
         axes = ", ".join(f"{k}={v}" for k, v in sharding.mesh.shape.items())
         spec = tuple(sharding.spec)
         what = " (replicated)" if not any(e is not None for e in spec) else ""
-        return f"P{spec}{what} on mesh ({axes}) of devices {[d.id for d in sharding.mesh.devices.flat]}"
+        ids = [d.id for d in sharding.mesh.devices.flat]
+        order = "" if ids == sorted(ids) else f" of devices {ids}"
+        return f"P{spec}{what} on mesh ({axes}){order}"
     devs = getattr(sharding, "device_set", None)
     if devs is not None and len(devs) == 1:
         return f"on one device ({next(iter(devs))}: unannotated)"

@@ -10,7 +10,6 @@ stored transposed), which torch's styles reject; :class:`Conv1DColwiseParallel` 
 :class:`Conv1DRowwiseParallel` split them the same way.
 
 Example:
-    >>> from torch.distributed.tensor.parallel import ColwiseParallel
     >>> sorted(megatron_plan("llama"))[:2]
     ['model.layers.*.mlp.down_proj', 'model.layers.*.mlp.gate_proj']
 """

@@ -3,9 +3,9 @@
 
 Under single-controller SPMD a layout change never changes a value, only where its
 pieces live. So every DTensor-style conversion on a lazy tensor is a *sharding
-constraint* on the global value: device data is moved at once, a pending value gets a
-constraint node, and XLA inserts the collectives (all-gather, reduce-scatter,
-all-reduce, all-to-all) between the layouts it is given.
+constraint* on the global value, applied in the next program (device data included),
+and XLA inserts the collectives (all-gather, reduce-scatter, all-reduce, all-to-all)
+between the layouts it is given.
 
 The backward pass gets a layout too, as in DTensor: the gradient of a relayout from
 ``src`` to ``dst`` is constrained to ``src`` (a ``Partial`` source to ``Replicate``),
@@ -43,10 +43,10 @@ def constraint_for(spec: ShardingSpec) -> jax.sharding.NamedSharding | None:
 
     Example:
         >>> from mesh import Mesh
-        >>> from torch.distributed.tensor import Replicate, Shard
+        >>> from torch.distributed.tensor import Shard
         >>> m = Mesh(range(8), (2, 4), ("dp", "tp"))
         >>> constraint_for(ShardingSpec.from_placements(m["tp"], [Shard(1)], 3)).spec
-        PartitionSpec(UNCONSTRAINED, 'tp', UNCONSTRAINED)
+        P(UNCONSTRAINED, 'tp', UNCONSTRAINED)
     """
     root = spec.reduced().on_root()
     pspec = list(root.to_jax_pspec()) + [None] * (spec.ndim - len(root.to_jax_pspec()))
@@ -71,13 +71,22 @@ def grad_spec_of(spec: ShardingSpec | None) -> ShardingSpec | None:
 
 
 def laid_out(x: LazyTensor, spec: ShardingSpec) -> Any:
-    """``x``'s value laid out as ``spec``: device data moves now, a pending value is
-    constrained (or left alone when ``spec`` pins nothing)."""
+    """``x``'s value constrained to ``spec`` (left alone when ``spec`` pins nothing).
+
+    NOTE: device data is not moved now but constrained in the next program: a move made
+    while ``xla_dtensor.compile`` traces a step would be baked into the replay as a
+    constant (the first batch's tokens, say), not redone for each call's arguments. Only
+    data on the same devices in another order moves now (one program cannot hold both).
+    """
     v = value_of(x)
-    if v.op == DATA and isinstance(v.data, jax.Array) and not spec.is_partial:
-        return L.reshard(v, tuple(x.shape), x.dtype, spec)
+    if v.op == DATA and isinstance(v.data, jax.Array) and _device_order(v.data) != spec.mesh.root.device_ids:
+        return L.reshard(v, tuple(x.shape), x.dtype, spec.reduced())
     sharding = constraint_for(spec)
     return v if sharding is None else L.constrain(v, sharding)
+
+
+def _device_order(arr: jax.Array) -> tuple[int, ...]:
+    return tuple(d.id for d in arr.sharding._device_assignment)
 
 
 def _constrain_grad(grad: torch.Tensor | None, spec: ShardingSpec | None) -> torch.Tensor | None:

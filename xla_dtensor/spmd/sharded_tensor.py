@@ -158,7 +158,7 @@ class XLAShardedTensor(LazyTensor):
 
         There is one program, so the tensor given is the global value (for ``Partial``
         placements: the already-reduced value) and ``placements`` say how it is laid out:
-        a lazy tensor gets that layout as a sharding constraint (differentiable; the
+        a lazy tensor gets that layout as a sharding constraint in the next program (differentiable; the
         gradient is laid out as ``grad_placements``, default the same placements with
         ``Partial`` replicated), a CPU tensor is placed shard by shard. Shapes never change.
 
@@ -226,8 +226,8 @@ class XLAShardedTensor(LazyTensor):
                      backward_dtype: torch.dtype | None = None) -> XLAShardedTensor:
         """A new tensor with the same value laid out by ``placements`` on ``device_mesh``.
 
-        Device data moves now; a pending value gets a sharding constraint, so XLA picks
-        the collective (a ``Partial`` source reduced into ``Shard`` is a reduce-scatter).
+        A sharding constraint in the next program, so XLA picks the collective (a
+        ``Partial`` source reduced into ``Shard`` is a reduce-scatter).
         Differentiable: the gradient goes back in this tensor's layout (``Partial``
         replicated). ``async_op`` is accepted (XLA schedules the collectives);
         ``forward_dtype`` casts before the move, ``backward_dtype`` casts the gradient.

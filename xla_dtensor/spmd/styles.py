@@ -58,11 +58,13 @@ def _output(outputs: Any, mesh: Any, source: Any, layouts: Any, use_local: bool)
 
 
 def constrain_activation(x: LazyTensor, mesh: Any, placements: Any) -> LazyTensor:
-    """``x`` (differentiably) laid out as ``placements`` on ``mesh``; a plain lazy tensor.
+    """``x`` (differentiably) constrained to ``placements`` on ``mesh``; a plain lazy tensor.
 
-    Same as ``DTensor.from_local(x, mesh, placements).to_local()``. On a sub-mesh
-    (``mesh["tp"]``) the dims the placements leave whole are left to the partitioner, so
-    the other mesh axes (say a batch split on ``"dp"``) keep what propagation gives them.
+    Like ``DTensor.from_local(x, mesh, placements).to_local()``, except that the gradient
+    is left to the partitioner (FSDP's batch split and AUTO's activation layouts use it). On a
+    sub-mesh (``mesh["tp"]``) the dims the placements leave whole are left to the
+    partitioner, so the other mesh axes (say a batch split on ``"dp"``) keep what
+    propagation gives them.
 
     Example:
         >>> import torch, xla_dtensor
@@ -72,7 +74,8 @@ def constrain_activation(x: LazyTensor, mesh: Any, placements: Any) -> LazyTenso
         >>> tuple(y.shape), type(y).__name__
         ((8, 4), 'LazyTensor')
     """
-    return XLAShardedTensor.from_local(x, mesh, _as_list(placements)).to_local()
+    spec = ShardingSpec.from_placements(A.as_mesh(mesh), _as_list(placements), x.dim())
+    return R.Relayout.apply(x, spec, None)
 
 
 def _as_list(placements: Any) -> list[Any]:

@@ -1,0 +1,248 @@
+"""The sharded GPT-2 train step side by side: pure JAX vs lazy mode vs ``xla_dtensor.compile``.
+
+One step of the GPT-2 of ``benchmarks/models`` (4 layers, d=256, vocab 1024, sequence
+128, batch 8, SGD) on four layouts: one device, 8-way data parallel (batch split on
+``data``, parameters unannotated), 2x4 Megatron (``mark_sharding`` on the blocks'
+weights and biases, batch split on ``data``) and ``partition_fn="AUTO"`` on the 2x4 mesh.
+Each layout runs three ways: the same model written in JAX (``benchmarks/models/gpt2_jax.py``,
+weights copied) under ``jax.jit`` with the parameter shardings the torch model ended up
+with and the same batch sharding; lazy mode (the step, then ``sync()``); and
+``compile(train_step)``. Per way: the median step time (back-to-back steps, then a
+wait), the median CPU time of the calling thread in one step call (the host cost:
+XLA's compute runs on other threads), traces/replays, and ratios to JAX. The rounds are
+interleaved (JAX, lazy, compile, JAX, ...) so that load from other processes falls on all
+three alike. Prints the table, saves ``benchmarks/results/spmd_step.{md,png}``. A
+benchmark, not a test.
+
+Usage: PYTHONPATH=. python benchmarks/spmd_step.py [--rows one,dp,tp,auto] [--rounds 5] [--steps 4]
+[--layers 4] [--no-save]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import xla_dtensor  # noqa: I001  (sets up devices before jax)
+import jax
+import torch
+
+import xla_dtensor.spmd as xs
+from benchmarks.models import GPT2, GPT2Config, gpt2_jax
+from xla_dtensor import metrics
+
+ROWS = ("one", "dp", "tp", "auto")
+TITLES = {"one": "1 device", "dp": "8-way DP", "tp": "2x4 Megatron", "auto": "AUTO (2x4)"}
+COLWISE = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.c_fc")
+ROWWISE = ("attn.c_proj", "mlp.c_proj")
+LR = 0.01
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def train_step(model: GPT2, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    loss = model(x, y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+def place(row: str, base: GPT2, x: torch.Tensor, y: torch.Tensor) -> tuple[GPT2, torch.Tensor, torch.Tensor]:
+    """A copy of ``base`` laid out for ``row`` on the jax device, and the batch placed once."""
+    dev = xla_dtensor.device()
+    m = copy.deepcopy(base)
+    mesh = xs.Mesh(range(8), (8,), ("data",)) if row == "dp" else xs.Mesh(range(8), (2, 4), ("data", "model"))
+    if row == "auto":
+        m = xs.distribute_module(m, mesh, partition_fn=xs.AutoPolicy(time_limit=30))
+    else:
+        m = m.to(dev)
+    if row == "tp":
+        for blk in m.h:
+            for name in COLWISE:
+                xs.mark_sharding(blk.get_submodule(name).weight, mesh, ("model", None))
+                xs.mark_sharding(blk.get_submodule(name).bias, mesh, ("model",))
+            for name in ROWWISE:
+                xs.mark_sharding(blk.get_submodule(name).weight, mesh, (None, "model"))
+    xd, yd = x.to(dev), y.to(dev)
+    if row in ("dp", "tp"):
+        for t in (xd, yd):
+            xs.mark_sharding(t, mesh, ("data", None))
+    return m, xd, yd
+
+
+_JAX_NAMES = {"attn.q_proj": "q", "attn.k_proj": "k", "attn.v_proj": "v", "attn.c_proj": "o", "mlp.c_fc": "fc",
+              "mlp.c_proj": "proj"}
+
+
+def _jax_path(name: str) -> tuple:
+    """A torch parameter name's place in ``gpt2_jax.params_from_torch``'s tree."""
+    parts = name.split(".")
+    if parts[0] in ("wte", "wpe"):
+        return (parts[0],)
+    if parts[0] == "ln_f":
+        return ("ln_f", "g" if parts[1] == "weight" else "b")
+    i, mod, leaf = int(parts[1]), ".".join(parts[2:-1]), parts[-1]
+    if mod in ("ln_1", "ln_2"):
+        return ("h", i, mod, "g" if leaf == "weight" else "b")
+    return ("h", i, _JAX_NAMES[mod], "w" if leaf == "weight" else "b")
+
+
+def _set(tree: Any, path: tuple, value: Any) -> None:
+    for k in path[:-1]:
+        tree = tree[k]
+    tree[path[-1]] = value
+
+
+def jax_runner(base: GPT2, laid_out: GPT2, xd: torch.Tensor, yd: torch.Tensor) -> Callable[[], Any]:
+    """The pure-JAX SGD step on ``base``'s weights, jitted with ``laid_out``'s parameter and batch layouts."""
+    params = gpt2_jax.params_from_torch(base)
+    shardings = jax.tree.map(lambda _: None, params)
+    for name, p in laid_out.named_parameters():
+        if name == "lm_head.weight":
+            continue
+        _set(shardings, _jax_path(name), p._storage.value.data.sharding)
+    params = jax.tree.map(jax.device_put, params, shardings)
+    xj, yj = xd._storage.value.data, yd._storage.value.data
+    n_head = base.cfg.n_head
+
+    def step(params: dict, idx: jax.Array, tgt: jax.Array) -> tuple:
+        loss, g = jax.value_and_grad(gpt2_jax.loss_fn)(params, idx, tgt, n_head)
+        return jax.tree.map(lambda p, d: p - LR * d, params, g), loss
+    jstep = jax.jit(step, donate_argnums=(0,), out_shardings=(shardings, None))
+    box = [params]
+
+    def run() -> Any:
+        box[0], loss = jstep(box[0], xj, yj)
+        return loss
+    return run
+
+
+def _block(out: Any) -> None:
+    if isinstance(out, jax.Array):
+        out.block_until_ready()
+    xla_dtensor.wait()
+
+
+def measure(run: Callable[[], Any], steps: int) -> tuple[list[float], float]:
+    """(thread CPU ms of each of ``steps`` step calls, ms per step of those back-to-back steps)."""
+    _block(run())
+    cpu = []
+    t0 = time.perf_counter()
+    out = None
+    for _ in range(steps):
+        c0 = time.thread_time()
+        out = run()
+        cpu.append((time.thread_time() - c0) * 1e3)
+    _block(out)
+    return cpu, (time.perf_counter() - t0) * 1e3 / steps
+
+
+def bench_row(row: str, base: GPT2, x: torch.Tensor, y: torch.Tensor, rounds: int, steps: int) -> dict:
+    """Interleaved rounds of JAX, lazy and compile mode on one layout; medians and counters."""
+    ml, xl, yl = place(row, base, x, y)
+    optl = torch.optim.SGD(ml.parameters(), lr=LR)
+
+    def lazy() -> Any:
+        loss = train_step(ml, optl, xl, yl)
+        xla_dtensor.sync()
+        return loss
+    mc, xc, yc = place(row, base, x, y)
+    optc = torch.optim.SGD(mc.parameters(), lr=LR)
+    cstep = xla_dtensor.compile(train_step)
+    before = metrics.snapshot()
+    runs = {"lazy": lazy, "compile": lambda: cstep(mc, optc, xc, yc)}
+    for run in runs.values():  # warm up: plans, layouts settled, programs compiled
+        for _ in range(3):
+            run()
+    runs = {"pure JAX": jax_runner(base, mc, xc, yc), **runs}
+    cpu: dict[str, list] = {k: [] for k in runs}
+    step: dict[str, list] = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k, run in runs.items():
+            c, s = measure(run, steps)
+            cpu[k] += c
+            step[k].append(s)
+    d = metrics.diff(before)
+    out = {"row": row, "traces": d["compile_traces"], "replays": d["compile_replays"]}
+    for k in runs:
+        out[k] = {"step": statistics.median(step[k]), "step_min": min(step[k]), "step_max": max(step[k]),
+                  "cpu": statistics.median(cpu[k])}
+    return out
+
+
+def table(results: list[dict]) -> str:
+    head = ("| layout | mode | step ms (median; min-max) | step / JAX | host CPU ms/step | traces / replays |\n"
+            "|---|---|---|---|---|---|")
+    lines = [head]
+    for r in results:
+        j = r["pure JAX"]["step"]
+        for k in ("pure JAX", "lazy", "compile"):
+            v = r[k]
+            tr = f"{r['traces']} / {r['replays']}" if k == "compile" else ""
+            lines.append(f"| {TITLES[r['row']]} | {k} | {v['step']:.1f} ({v['step_min']:.1f}-{v['step_max']:.1f}) | "
+                         f"{v['step'] / j:.3f} | {v['cpu']:.2f} | {tr} |")
+    return "\n".join(lines)
+
+
+def targets(results: list[dict]) -> str:
+    one = next((r for r in results if r["row"] == "one"), None)
+    lines = []
+    for r in results:
+        c, j = r["compile"], r["pure JAX"]
+        lines.append(f"{TITLES[r['row']]}: compile host {c['cpu']:.2f} ms (target <= 2), step {c['step'] / j['step']:.3f}x "
+                     f"JAX (target <= 1.05); lazy host {r['lazy']['cpu']:.1f} ms"
+                     + (f" ({r['lazy']['cpu'] / one['lazy']['cpu']:.2f}x one device, target <= 1.2)"
+                        if one is not None and r is not one else " (target <= 20 on one device)"))
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    modes = ("pure JAX", "lazy", "compile")
+    for ax, key, title in ((axes[0], "step", "step ms (median)"), (axes[1], "cpu", "host CPU ms per step")):
+        for i, mode in enumerate(modes):
+            xs_ = [k + (i - 1) * 0.27 for k in range(len(results))]
+            ax.bar(xs_, [r[mode][key] for r in results], width=0.27, label=mode)
+        ax.set_xticks(range(len(results)), [TITLES[r["row"]] for r in results])
+        ax.set_title(title)
+    axes[1].set_yscale("log")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--no-save", action="store_true")
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    base = GPT2(GPT2Config(vocab=1024, n_positions=128, n_embd=256, n_layer=a.layers, n_head=4))
+    g = torch.Generator().manual_seed(1)
+    x, y = (torch.randint(0, 1024, (8, 128), generator=g) for _ in range(2))
+    results = []
+    for row in a.rows.split(","):
+        if row not in ROWS:
+            raise SystemExit(f"unknown row {row!r}; rows are {', '.join(ROWS)}")
+        results.append(bench_row(row, base, x, y, a.rounds, a.steps))
+        print(f"{TITLES[row]}: done", flush=True)
+    text = table(results) + "\n\n" + targets(results)
+    print(text)
+    if not a.no_save:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "spmd_step.md").write_text(
+            f"# benchmarks/spmd_step.py ({a.layers} layers, {a.rounds} rounds x {a.steps} steps)\n\n{text}\n")
+        plot(results, RESULTS / "spmd_step.png")
+
+
+if __name__ == "__main__":
+    main()
