@@ -24,8 +24,7 @@ from autoshard.spec import Spec, parse_spec, partition_spec, spec_str
 from autoshard.strategies import DimRule, Strategy, register, registered_ops
 
 
-
-def __getattr__(name: str):  # noqa: ANN202
+def __getattr__(name: str) -> object:
     # read_iopddl loads on first use: importing autoshard.iopddl here would make
     # ``python -m autoshard.iopddl`` warn that the module was imported before it ran.
     if name == "read_iopddl":
