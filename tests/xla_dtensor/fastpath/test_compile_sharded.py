@@ -1,4 +1,5 @@
-"""xla_dtensor.compile under sharding: DP, 2x4 Megatron, FSDP and AUTO replay like one device.
+"""xla_dtensor.compile under sharding: DP, 2x4 Megatron (mark_sharding on a HybridMesh, and torch's
+TP styles), FSDP and AUTO replay like one device.
 
 Each mode trains the tiny GPT-2 for 10 AdamW steps through ``compile(train_step)``: the
 losses equal torch CPU, the step is traced twice (the first call creates the optimizer
@@ -13,6 +14,8 @@ import warnings
 
 import pytest
 import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import xla_dtensor
 import xla_dtensor.spmd as xs
@@ -68,7 +71,22 @@ def _prepare(mode: str, model: GPT2, dev):
         mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
         m = xs.distribute_module(m, mesh, partition_fn=xs.AutoPolicy(time_limit=5, memory_budget=1e5))
         return m, (lambda t: t.to(dev)), None
-    mesh = xs.Mesh(range(8), (8,), ("data",)) if mode == "dp" else xs.Mesh(range(8), (2, 4), ("data", "model"))
+    if mode == "styles":  # torch's TP styles on the model axis of a DeviceMesh("xla"), the rest replicated
+        dm = DeviceMesh("xla", [[0, 1, 2, 3], [4, 5, 6, 7]], mesh_dim_names=("data", "model"))
+        plan = {**{n: ColwiseParallel() for n in COLWISE}, **{n: RowwiseParallel() for n in ROWWISE}}
+        parallelize_module(m.h[0], xs.submesh(dm, "model"), plan)
+        xla_dtensor.distribute_module(m, dm)
+        mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
+        expected = {n: (None,) * p.dim() for n, p in m.named_parameters()}
+        expected.update({f"h.0.{n}.weight": ("model", None) for n in COLWISE})
+        expected.update({f"h.0.{n}.bias": ("model",) for n in COLWISE})
+        expected.update({f"h.0.{n}.weight": (None, "model") for n in ROWWISE})
+        return m, _batch_on(mesh, dev), expected
+    if mode == "dp":
+        mesh = xs.Mesh(range(8), (8,), ("data",))
+    else:  # Megatron on a HybridMesh: "data" across two simulated granules (hosts), "model" inside each
+        mesh = xs.HybridMesh(ici_mesh_shape=(1, 4), dcn_mesh_shape=(2, 1), num_granules=2,
+                             axis_names=("data", "model"))
     m = m.to(dev)
     expected = {n: (None,) * p.dim() for n, p in m.named_parameters()}
     if mode == "tp":
@@ -78,12 +96,15 @@ def _prepare(mode: str, model: GPT2, dev):
         for name in ROWWISE:
             xs.mark_sharding(m.h[0].get_submodule(name).weight, mesh, (None, "model"))
             expected[f"h.0.{name}.weight"] = (None, "model")
+    return m, _batch_on(mesh, dev), expected
 
+
+def _batch_on(mesh, dev):
     def put(t):
         t = t.to(dev)
         xs.mark_sharding(t, mesh, ("data", None))
         return t
-    return m, put, expected
+    return put
 
 
 def _plan_specs(model: GPT2) -> dict[str, tuple]:
@@ -100,7 +121,7 @@ def _plan_specs(model: GPT2) -> dict[str, tuple]:
     return out
 
 
-@pytest.mark.parametrize("mode", ["dp", "tp", "fsdp", "auto"])
+@pytest.mark.parametrize("mode", ["dp", "tp", "styles", "fsdp", "auto"])
 def test_compiled_train_step_replays_under_sharding_and_matches_cpu(setup, dev, mode, monkeypatch):
     model, bs, ref = setup
     monkeypatch.setattr(xla_dtensor.config, "compile_check_every", 4)
