@@ -48,7 +48,7 @@ from xla_dtensor.core import tensor as T
 from xla_dtensor.core.ir import DATA, GETITEM, PARAM, Node
 from xla_dtensor.core.signature import op_info
 from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
-from xla_dtensor.jit import layouts
+from xla_dtensor.jit import layouts, padded
 from xla_dtensor.jit.args import chain_key
 from xla_dtensor.jit.names import tensor_names
 from xla_dtensor.spmd import layout as L
@@ -83,7 +83,9 @@ class Capture:
     split_merge: bool = False   # storages merged by share_equal_scalars got different new values
     settle: list = field(default_factory=list)  # (leaf, weakrefs of its holders, layout) per input to settle
     names: list = field(default_factory=list)  # per leaf, the name of the tensor it is read from, or None
-    uneven: int = 0             # padded (unevenly sharded) values the program reads or writes
+    uneven: int = 0             # padded (unevenly sharded) values other than uneven storages' reads and writes
+    padded_in: set = field(default_factory=set)  # leaves read as the padded data under an uneven storage's value
+    unpad: dict = field(default_factory=dict)  # written storage index -> (shape, sharding) to unpad its result to
     keys: list = field(default_factory=list)  # per node (topological order), its key (for messages)
     node_names: dict = field(default_factory=dict)  # node position of a leaf -> names[leaf]
 
@@ -216,12 +218,9 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     at = {p: k for k, p in enumerate(outs)}
     res_of = [at[p] for p in plan.outs]
     order_ops = [str(n.op) for n in plan.order]
-    holders: dict[int, list] = {}  # id(value before the call) -> [(storage id, ref)] of the live storages holding it
-    held: dict[int, list] = {}  # the same over every storage of the call's start, freed ones included
-    for sid, (ref, old) in before.items():
-        held.setdefault(id(old), []).append(sid)
-        if ref() is not None:
-            holders.setdefault(id(old), []).append((sid, ref))
+    # id(value before the call) -> [(storage id, ref)] of the live storages holding it; the same over every
+    # storage of the call's start, freed ones included; the padded leaves under uneven storages
+    holders, held, padded_ids = padded.holders_with_padded(before)
     sources = _sources(leaves, holders, held, grad_at, arg_of, flat)
     written_res = dict(zip(written, res_of))
     aliases, split = _aliases(leaves, holders, written_res)
@@ -229,7 +228,7 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     donate = tuple(i for i, n in enumerate(leaves) if sources[i][0] in ("arg", "cap") and executor.donatable(n)
                    and all(sid in written_res for sid, _ in holders[id(n)]))
     leaf_at = {id(n): i for i, n in enumerate(leaves)}
-    state_leaf = [leaf_at.get(id(old), -1) for old in written_old]
+    state_leaf = [leaf_at.get(id(padded.read_leaf(old)), -1) for old in written_old]
     cap = Capture(roots, leaves, struct, fns, wiring, outs, order_ops, sources, state, grads, out_items,
                   out_spec, donate, state_leaf, escaped, host_reads)
     cap.shardings, cap.res_of, cap.aliases, cap.split_merge = plan.shardings, res_of, aliases, split
@@ -242,7 +241,9 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
                       if sources[i][0] in ("cap", "grad") and layouts.single_device(n)]
     cap.names = _leaf_names(sources, holders, tensor_names(flat), flat)
     cap.keys = [n.key for n in plan.order]
-    cap.uneven = sum(1 for n in plan.order if n.op == L.UNPAD)
+    cap.padded_in = {i for i, n in enumerate(leaves) if id(n) in padded_ids and sources[i][0] in ("arg", "cap")}
+    cap.unpad = padded.state_unpad(wstorages)
+    cap.uneven = padded.unsupported(plan.order, roots[:len(wstorages)], {id(leaves[i]) for i in cap.padded_in})
     leaf_pos = [k for k, n in enumerate(plan.order) if n.fn is None]
     cap.node_names = dict(zip(leaf_pos, cap.names))
     return cap, out

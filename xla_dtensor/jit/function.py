@@ -200,7 +200,9 @@ class CompiledFunction:
                 entry.always_trace = True
         self._entries[sig] = entry
         self._last_sig = sig
-        res = entry.apply(results, flat)
+        res = entry.apply(results, flat, unpad=False)
+        for hook in executor.POST_SYNC:  # uneven storages: the sticky hook unpads what it padded at capture
+            hook([])
         _mark_clean()
         return res
 

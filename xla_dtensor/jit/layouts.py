@@ -89,12 +89,21 @@ def layout_at_start(value: Node, mesh: jax.sharding.Mesh) -> Any:
 
 
 def pin(storage: Storage, sharding: Any) -> None:
-    """Constrain ``storage``'s pending value to ``sharding`` unless it is constrained already."""
+    """Constrain ``storage``'s pending value to ``sharding`` unless it is constrained already or
+    ``sharding`` does not split its shape evenly (an uneven layout is the sticky hook's to keep)."""
     v = storage.value
-    if sharding is None or L.is_constraint(v):
+    if sharding is None or L.is_constraint(v) or not _even(sharding, storage.meta[0]):
         return
     storage.value = L.constrain(v, sharding)
     storage.version += 1
+
+
+def _even(sharding: Any, shape: tuple[int, ...]) -> bool:
+    try:
+        sharding.shard_shape(tuple(shape))
+    except ValueError:
+        return False
+    return True
 
 
 def final_layout(storage: Storage, start: Node | None, mesh: jax.sharding.Mesh) -> Any:
