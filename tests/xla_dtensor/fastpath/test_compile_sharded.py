@@ -10,6 +10,7 @@ keep the layouts the user, FSDP or the AUTO plan gave them.
 from __future__ import annotations
 
 import copy
+import types
 import warnings
 
 import pytest
@@ -228,18 +229,18 @@ def test_mark_sharding_inside_the_function_is_a_constraint_not_a_baked_copy(dev,
 def test_hidden_python_state_under_sharding_is_reported_with_the_op(dev, monkeypatch):
     """Data-independent hidden state under sharding: the periodic re-check names the op and its arguments."""
     mesh = xs.Mesh(range(8), (8,), ("d",))
-    mode = {"add": False}
+    mode = types.SimpleNamespace(add=False)  # an attribute: hidden state compile does not watch
 
     @xla_dtensor.compile
     def f(x):
-        return x + 2 if mode["add"] else x * 2
+        return x + 2 if mode.add else x * 2
 
     monkeypatch.setattr(xla_dtensor.config, "compile_check_every", 2)
     x = torch.ones(8, 4).to(dev)
     xs.mark_sharding(x, mesh, ("d", None))
     f(x)
     f(x)
-    mode["add"] = True
+    mode.add = True
     with pytest.warns(GraphChangedWarning, match=r"was aten\.mul\.Tensor\(float32\[8, 4\], int scalar\); "
                                                  r"now aten\.add\.Tensor\(float32\[8, 4\], int scalar\)"):
         out = f(x)
