@@ -51,6 +51,7 @@ class FreedInputWarning(UserWarning):
 
 
 _CLEAN = [(-1, -1)]
+MAX_SIGNATURES = 64  # programs kept per compiled function (a watched global that keeps changing adds one per value)
 
 
 def _pending() -> bool:
@@ -203,6 +204,8 @@ class CompiledFunction:
             elif old.always_trace:
                 entry.always_trace = True
         self._entries[sig] = entry
+        if len(self._entries) > MAX_SIGNATURES:  # the oldest signature goes (its executable stays in the LRU)
+            del self._entries[next(iter(self._entries))]
         self._last_sig = sig
         res = entry.apply(results, flat, unpad=False)
         for hook in executor.POST_SYNC:  # uneven storages: the sticky hook unpads what it padded at capture

@@ -7,7 +7,8 @@ closure (also inside its lambdas and comprehensions) are watched, and on every c
 current value of each that is a Python scalar, or a small container of them, joins the
 signature: a changed value traces (or reuses) the program for that value. A container
 that cannot be watched (larger than ``MAX_ITEMS`` or holding other objects) gets one
-warning naming it. Not seen: values read by the functions it calls, and attributes of
+warning naming it, as does a variable that has taken ``CHURN`` values (a step counter:
+each value is a program of its own). Not seen: values read by the functions it calls, and attributes of
 objects (``self.flag``, ``cfg.lr``); the periodic re-check catches those.
 
 Example:
@@ -25,6 +26,7 @@ import warnings
 from typing import Any, Callable
 
 MAX_ITEMS = 64
+CHURN = 8  # distinct values of one variable after which compile says it keeps changing
 _SCALARS = (int, float, bool, str, complex, bytes, type(None))
 _CONTAINERS = (tuple, list, dict, set, frozenset)
 _MISSING = object()
@@ -102,6 +104,7 @@ class Hidden:
         self._names: tuple[str, ...] = ()
         self._cells: tuple[tuple[str, Any], ...] = ()
         self._warned: set[str] = set()
+        self._seen: dict[str, set] = {}  # name -> distinct values seen, up to CHURN
         self._qualname = getattr(f, "__qualname__", repr(fn))
         if code is None:
             return
@@ -139,4 +142,13 @@ class Hidden:
                     f"between calls is not seen until the periodic re-check (config.compile_check_every). Pass "
                     f"it as an argument"), stacklevel=4)
             return
+        seen = self._seen.setdefault(name, set())
+        if len(seen) < CHURN:
+            seen.add(s)
+            if len(seen) == CHURN and name not in self._warned:
+                self._warned.add(name)
+                warnings.warn(HiddenStateWarning(
+                    f"compile({self._qualname}) has seen {CHURN} values of {kind} {name!r}: each value traces (and "
+                    f"may compile) a program of its own. Pass a value that changes every call as a tensor argument"),
+                    stacklevel=4)
         out.append((name, s))

@@ -88,3 +88,17 @@ def test_modules_functions_and_tensors_are_not_watched():
         return torch.nn.functional.relu(x @ w) + len(x)
 
     assert Hidden(f).key() == ()
+
+
+@pytest.mark.filterwarnings("ignore::xla_dtensor.debug.analysis.RecompileWarning")  # a compile per value
+def test_a_global_that_keeps_changing_warns_once(dev):
+    global SCALE
+    f = xla_dtensor.compile(_scaled)
+    x = torch.ones(2)
+    try:
+        with pytest.warns(HiddenStateWarning, match=r"has seen 8 values of global 'SCALE'"):
+            for v in range(10, 19):
+                SCALE = float(v)
+                assert f(x.to(dev)).tolist() == [v + 1.0] * 2
+    finally:
+        SCALE = 2.0
