@@ -51,7 +51,7 @@ def setup() -> None:
     pip = [str(PY), "-m", "pip", "install", "--disable-pip-version-check"]
     # torch first and pinned: an unpinned torch would pull several GB of CUDA wheels.
     _run(pip + ["-c", "constraints-dev.txt", "torch"])
-    _run(pip + ["-c", "constraints-dev.txt", "-e", ".[dev,bench]"])
+    _run(pip + ["-c", "constraints-dev.txt", "-e", ".[dev,bench,models]"])
     STAMP.write_text(_fingerprint())
 
 

@@ -16,13 +16,23 @@ from autoshard.evaluate import evaluate
 from autoshard.fold import fold_ties
 from autoshard.fx_builder import graph_from_fx, trace_training_step
 from autoshard.graph import Graph, Node, TensorMeta
-from autoshard.iopddl import read_iopddl
 from autoshard.models import GPT2, GPT2Config
 from autoshard.plan import Decision, Plan
 from autoshard.problem import Problem
 from autoshard.solver import MemoryBudgetError, Solution, SolveStatus, solve_problem
 from autoshard.spec import Spec, parse_spec, partition_spec, spec_str
 from autoshard.strategies import DimRule, Strategy, register, registered_ops
+
+
+
+def __getattr__(name: str):  # noqa: ANN202
+    # read_iopddl loads on first use: importing autoshard.iopddl here would make
+    # ``python -m autoshard.iopddl`` warn that the module was imported before it ran.
+    if name == "read_iopddl":
+        from autoshard.iopddl import read_iopddl
+        return read_iopddl
+    raise AttributeError(f"module 'autoshard' has no attribute {name!r}")
+
 
 __all__ = [
     "BASELINES", "Decision", "DimRule", "GPT2", "GPT2Config", "Graph", "MemoryBudgetError", "Model",

@@ -41,6 +41,8 @@ class _State:
     def __init__(self, red: Reduced, mem: MemoryRows | None, limit: float | None) -> None:
         f = red.flat
         self.f, self.red = f, red
+        self.n, self.k, self.off, self.node_of = f.n, f.k, f.off, f.node_of
+        self.free_mask = red.fixed < 0
         self.cost = np.where(red.allowed, red.cost, math.inf)
         self.free = np.flatnonzero(red.fixed < 0)
         nu, nv = f.node_of[red.A], f.node_of[red.B]

@@ -118,20 +118,30 @@ def flatten(p: Problem) -> Flat:
     loop = eu[eid] == ev[eid]
     diag = loop & (ga == gb)
     np.add.at(cost, ga[diag], flat[diag])  # NOTE: a self-loop costs c[p, p] under strategy p
-    ga, gb, flat = ga[~loop], gb[~loop], flat[~loop]
-    swap = ga > gb
-    ga, gb = np.where(swap, gb, ga), np.where(swap, ga, gb)
-    key = ga * max(G, 1) + gb
-    uniq, inv = np.unique(key, return_inverse=True)
-    inf = np.bincount(inv, weights=np.isinf(flat), minlength=uniq.size) > 0
-    c = np.bincount(inv, weights=np.where(np.isinf(flat), 0.0, flat), minlength=uniq.size)
-    c[inf] = math.inf
-    A, B = uniq // max(G, 1), uniq % max(G, 1)
-    pair = node_of[A] * n + node_of[B] if uniq.size else np.zeros(0, np.int64)
-    pairs, peid = np.unique(pair, return_inverse=True)
-    order = np.lexsort((uniq, peid))
-    A, B, c, peid = A[order], B[order], c[order], peid[order]
-    ebase = np.searchsorted(peid, np.arange(pairs.size))
+    # merge parallel and reversed edges block-wise: one dense block per node pair
+    keep = ~loop
+    ra, rb = local[keep] // kv[keep], local[keep] % kv[keep]
+    flat, e_of = flat[keep], eid[keep]
+    lo_n, hi_n = np.minimum(eu, ev), np.maximum(eu, ev)
+    nl = np.flatnonzero(eu != ev)
+    pairs, pinv = np.unique(lo_n[nl] * n + hi_n[nl], return_inverse=True)
+    pair_of_edge = np.full(m, -1, np.int64)
+    pair_of_edge[nl] = pinv
+    plo, phi = pairs // max(n, 1), pairs % max(n, 1)
+    khi = k[phi]
+    mbase = np.zeros(pairs.size + 1, np.int64)
+    np.cumsum(k[plo] * khi, out=mbase[1:])
+    swap = (eu > ev)[e_of]
+    pe = pair_of_edge[e_of]
+    pos = mbase[pe] + np.where(swap, rb, ra) * khi[pe] + np.where(swap, ra, rb)
+    total = int(mbase[-1])
+    isinf = np.isinf(flat)
+    c = np.bincount(pos, weights=np.where(isinf, 0.0, flat), minlength=total)
+    c[np.bincount(pos, weights=isinf, minlength=total) > 0] = math.inf
+    peid = np.repeat(np.arange(pairs.size), np.diff(mbase))
+    i = np.arange(total) - mbase[peid]
+    A, B = off[plo][peid] + i // khi[peid], off[phi][peid] + i % khi[peid]
+    ebase = mbase[:-1]
     return Flat(n, k, off, node_of, cost, mem, iv, A, B, c, pairs // max(n, 1), pairs % max(n, 1),
                 peid, ebase, p.memory_limit)
 

@@ -30,8 +30,7 @@ def random_forest(st, rng: np.random.Generator, full: bool = False) -> Forest:
 
     ``full``: keep every free node (non-tree edges are then left to the caller).
     """
-    f = st.f
-    n, m = f.n, st.eu.size
+    n, m = st.n, st.eu.size
     perm = rng.permutation(n)  # relabel so BFS tie-breaking varies
     inv = np.argsort(perm)
     a, b = inv[st.eu], inv[st.ev]
@@ -59,7 +58,7 @@ def random_forest(st, rng: np.random.Generator, full: bool = False) -> Forest:
     nt = np.flatnonzero(~tree)
     prio = rng.random(n)  # each non-tree edge drops its lower-priority endpoint
     out = np.where(prio[st.eu[nt]] < prio[st.ev[nt]], st.eu[nt], st.ev[nt])
-    in_t = st.red.fixed < 0
+    in_t = st.free_mask.copy()
     if not full:
         in_t[out] = False
     te = np.flatnonzero(tree & in_t[st.eu] & in_t[st.ev])
@@ -80,11 +79,10 @@ def random_forest(st, rng: np.random.Generator, full: bool = False) -> Forest:
 
 def row_min(st, edges: np.ndarray) -> np.ndarray:
     """Sum over ``edges`` of each lower-node strategy's least entry in its row (optimistic)."""
-    f = st.f
     res = np.zeros(st.cost.size)
     if edges.size == 0:
         return res
-    ku, kv = f.k[st.eu[edges]], f.k[st.ev[edges]]
+    ku, kv = st.k[st.eu[edges]], st.k[st.ev[edges]]
     size = ku * kv
     rep = np.repeat(np.arange(edges.size), size)
     i = np.arange(int(size.sum())) - np.repeat(np.cumsum(size) - size, size)
@@ -92,7 +90,7 @@ def row_min(st, edges: np.ndarray) -> np.ndarray:
     rbase = np.cumsum(ku) - ku
     rmin = np.full(int(ku.sum()), np.inf)
     np.minimum.at(rmin, rbase[rep] + i // kv[rep], w)
-    g_of_row = np.repeat(f.off[st.eu[edges]], ku) + (np.arange(rmin.size) - np.repeat(rbase, ku))
+    g_of_row = np.repeat(st.off[st.eu[edges]], ku) + (np.arange(rmin.size) - np.repeat(rbase, ku))
     np.add.at(res, g_of_row, rmin)
     return res
 
@@ -103,8 +101,7 @@ def forest_dp(st, ch: np.ndarray, forest: Forest, extra: np.ndarray | None = Non
     ``extra`` adds a per-strategy cost (memory prices, estimates of left-out edges).
     Returns the new ``ch``.
     """
-    f = st.f
-    off, node_of = f.off, f.node_of
+    off, node_of = st.off, st.node_of
     in_t = forest.in_t
     loc = ch - off[:-1]
     vals = st.W[st.static + loc[st.other] * st.mult]
@@ -114,7 +111,7 @@ def forest_dp(st, ch: np.ndarray, forest: Forest, extra: np.ndarray | None = Non
         belief = belief + extra
     back = []
     for child, par, e in forest.levels:
-        ku, kv = f.k[st.eu[e]], f.k[st.ev[e]]
+        ku, kv = st.k[st.eu[e]], st.k[st.ev[e]]
         size = ku * kv
         rep = np.repeat(np.arange(e.size), size)
         i = np.arange(int(size.sum())) - np.repeat(np.cumsum(size) - size, size)
@@ -124,7 +121,7 @@ def forest_dp(st, ch: np.ndarray, forest: Forest, extra: np.ndarray | None = Non
         child_is_b = (child == st.ev[e])[rep]
         cg = np.where(child_is_b, gb, ga)
         pg = np.where(child_is_b, ga, gb)
-        kp = f.k[par]
+        kp = st.k[par]
         goff = np.cumsum(kp) - kp
         grp = goff[rep] + pg - off[par][rep]
         val = w + belief[cg]
@@ -141,7 +138,7 @@ def forest_dp(st, ch: np.ndarray, forest: Forest, extra: np.ndarray | None = Non
     if r.size:
         bv = np.minimum.reduceat(belief, off[:-1])
         g = np.flatnonzero((belief == bv[node_of]) & in_t[node_of])[::-1]
-        first = np.full(f.n, -1, np.int64)
+        first = np.full(st.n, -1, np.int64)
         first[node_of[g]] = g
         ok = first[r] >= 0
         new[r[ok]] = first[r[ok]]

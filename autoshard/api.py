@@ -34,6 +34,7 @@ from autoshard.cache import open_cache, plan_key
 from autoshard.evaluate import evaluate
 from autoshard.fold import Folded, fold_ties
 from autoshard.graph import Graph
+from autoshard.guard import replicated_strategies, report as guard_report
 from autoshard.plan import Decision, Plan
 from autoshard.solver import MemoryBudgetError, solve_problem
 
@@ -172,17 +173,22 @@ def make_plan(model: Model, folded: Folded, strategies: list[int], sol: Any, bas
             None if best_alt is None else model.strategies[n.id][best_alt[1]].out_specs[0],
             0.0 if best_alt is None else float(best_alt[0] - tot[chosen]),
             float(folded.problem.node_costs[grp][chosen]), float(tot[chosen] - folded.problem.node_costs[grp][chosen])))
+    guard = guard_report(model, strategies, float(objective), baselines)
+    base = {b.name: {"cost": b.cost, "peak_memory": b.peak_memory, "feasible": b.feasible} for b in baselines}
+    rep_cost, rep_ok, rep_peak = evaluate(prob, replicated_strategies(model))
+    base["replicated"] = {"cost": rep_cost, "peak_memory": rep_peak, "feasible": rep_ok}
     return Plan(
         mesh_axes=tuple(topo.axis_names), mesh_shape=tuple(topo.axis_sizes), topology=topo.name,
         placements=placements, activations=activations,
         shapes={n.name: n.out.shape for n in g.nodes}, roles={n.name: n.role for n in g.nodes if n.op == "placeholder"},
         node_costs=rows, memory=mem, decisions=decisions,
-        baselines={b.name: {"cost": b.cost, "peak_memory": b.peak_memory, "feasible": b.feasible} for b in baselines},
+        baselines=base,
         objective=float(objective), bound=float(min(sol.bound, objective)), gap=float(sol.gap),
         status=sol.status.value, solve_time=float(sol.solve_time),
         stats={"graph_nodes": g.num_nodes, "problem_nodes": prob.num_nodes, "edges": len(prob.edges),
                "merged_groups": model.untied_groups, "decision_groups": folded.num_groups, "folded_nodes": folded.problem.num_nodes,
                "folded_edges": len(folded.problem.edges), "unknown_ops": sorted(set(model.unknown_ops)),
+               "generic_ops": dict(sorted(model.generic_ops.items())), "guard": guard,
                "phase": sol.phase, **{k: v for k, v in sol.stats.items() if isinstance(v, (int, float, str))}})
 
 

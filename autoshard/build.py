@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import warnings
 from collections import defaultdict
+from functools import lru_cache
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -32,12 +33,18 @@ from autoshard.cost import combined_collectives, compute_cost, memory_bytes, res
 from autoshard.graph import Graph, Node
 from autoshard.problem import Problem
 from autoshard.spec import Spec, spec_str
-from autoshard.strategies import DimRule, Strategy, enumerate_strategies, follow_strategies, rule_for
+from autoshard.strategies import DimRule, Strategy, enumerate_strategies, follow_strategies
+from autoshard.strategies.base import check_rule
+from autoshard.strategies.generic import opaque_rule, resolve
 from autoshard.tying import UnionFind, layer_ties
 
 
 class UnknownOpWarning(UserWarning):
-    """An op has no strategy rule; it is planned as replicated (its inputs are gathered)."""
+    """An op has no strategy rule and no generic one fits: it runs whole on every device (its inputs are gathered)."""
+
+
+class RuleFailedWarning(UnknownOpWarning):
+    """An op's rule does not fit the node (a rule bug or an unexpected call form): it is planned as opaque."""
 
 
 class PinError(ValueError):
@@ -56,6 +63,7 @@ class Model:
     problem: Problem
     ties: list[list[int]]
     unknown_ops: list[str] = field(default_factory=list)
+    generic_ops: dict[str, str] = field(default_factory=dict)  # op -> generic kind (strategies.generic)
     untied_groups: int = 0  # decision groups after follower/alias merging, before layer tying
 
     def group_of(self) -> list[int]:
@@ -87,17 +95,24 @@ def _elementwise(op: str) -> bool:
     return any(".".join(parts[:k]) in (*LINEAR, *NONLINEAR, *SUM, *FOREACH, *SINGLE) for k in (2, 3))
 
 
-def _replicated_rule(node: Node, graph: Graph) -> DimRule:
-    ins = tuple(tuple(None for _ in node.input_meta(graph, i).shape) for i in range(len(node.inputs)))
-    return DimRule(ins, tuple(tuple(None for _ in o.shape) for o in node.outputs), flops=float(node.outputs[0].numel))
-
-
-def _edge_matrix(src: list, dst: list, meta, topo: Topology) -> np.ndarray:
-    """Resharding costs ``[p, q]``, computed once per distinct (source, target) spec pair."""
+def _edge_matrix(src: list, dst: list, meta, topo: Topology, unread: bool = False) -> np.ndarray:
+    """Resharding costs ``[p, q]``, computed once per distinct (source, target) spec pair (zero if unread)."""
+    if unread:
+        return np.zeros((len(src), len(dst)))
     us, ui = _unique(src)
     vs, vi = _unique(dst)
-    small = np.array([[reshard_cost(a, b, meta, topo) for b in vs] for a in us])
-    return small[np.ix_(ui, vi)]
+    return _small_matrix(tuple(us), tuple(vs), meta.nbytes, topo)[np.ix_(ui, vi)]
+
+
+@lru_cache(maxsize=1 << 14)
+def _small_matrix(us: tuple, vs: tuple, nbytes: int, topo: Topology) -> np.ndarray:
+    """Costs between distinct specs; shared by every edge with the same spec lists and size (read-only)."""
+    from autoshard.graph import TensorMeta
+
+    meta = TensorMeta((nbytes,), "uint8")
+    out = np.array([[reshard_cost(a, b, meta, topo) for b in vs] for a in us])
+    out.flags.writeable = False
+    return out
 
 
 def _unique(specs: list) -> tuple[list, np.ndarray]:
@@ -106,29 +121,54 @@ def _unique(specs: list) -> tuple[list, np.ndarray]:
     return list(index), ids
 
 
-def node_strategies(graph: Graph, topo: Topology) -> tuple[list[DimRule], list[list[Strategy]], list[int | None], list[str]]:
-    """Rules, strategies and followed node for every node, in execution order."""
+def node_strategies(graph: Graph, topo: Topology, generic: dict[str, str] | None = None,
+                    ) -> tuple[list[DimRule], list[list[Strategy]], list[int | None], list[str]]:
+    """Rules, strategies and followed node for every node, in execution order.
+
+    An op without a registered rule gets a generic one (:mod:`autoshard.strategies.generic`;
+    ``generic[op]`` records which kind); a rule that fails on its node (wrong ranks, an
+    unexpected call form) is replaced by the opaque rule with a :class:`RuleFailedWarning`.
+    Opaque ops are listed in the returned ``unknown`` and warned about once per op.
+    """
     sizes = topo.axis_sizes
     rules, strats, follows, unknown = [], [], [], []
+    failed: dict[str, str] = {}
+    generic = {} if generic is None else generic
     for node in graph.nodes:
-        rule = rule_for(node, graph)
-        if rule is None:
-            unknown.append(node.op)
-            rule = _replicated_rule(node, graph)
         in_metas = tuple(node.input_meta(graph, i) for i in range(len(node.inputs)))
-        if rule.follower and node.inputs:
-            u, idx = node.inputs[rule.leader]
-            leader_specs = [s.out_specs[idx] for s in strats[u]]
-            strats.append(follow_strategies(rule, leader_specs, in_metas, node.outputs, sizes))
-            follows.append(u)
-        else:
-            strats.append(enumerate_strategies(rule, in_metas, node.outputs, sizes))
-            follows.append(None)
+        try:
+            rule, ss, u = _strategies_of(node, graph, in_metas, strats, sizes, generic)
+        except Exception as err:  # noqa: BLE001  NOTE: no op graph may crash the planner; warned below
+            failed.setdefault(node.op, f"{type(err).__name__}: {err}")
+            rule, u = opaque_rule(node, graph), None
+            ss = enumerate_strategies(rule, in_metas, node.outputs, sizes)
+        if generic.get(node.op) == "opaque" or node.op in failed:
+            unknown.append(node.op)
+        strats.append(ss)
+        follows.append(u)
         rules.append(rule)
-    for op in sorted(set(unknown)):
-        warnings.warn(f"no sharding strategy rule for op {op!r}; planning it as replicated",
-                      UnknownOpWarning, stacklevel=3)
+    for op, why in sorted(failed.items()):
+        warnings.warn(f"the sharding rule of op {op!r} does not fit its node ({why}); planning it as an opaque "
+                      f"op (run whole on every device, inputs gathered)", RuleFailedWarning, stacklevel=3)
+    for op in sorted({op for op in unknown if op not in failed}):
+        warnings.warn(f"no sharding strategy rule for op {op!r} and no generic one fits; it runs whole on every "
+                      f"device (inputs gathered, outputs sliced for free)", UnknownOpWarning, stacklevel=3)
     return rules, strats, follows, unknown
+
+
+def _strategies_of(node: Node, graph: Graph, in_metas: tuple, strats: list[list[Strategy]], sizes: tuple[int, ...],
+                   generic: dict[str, str]) -> tuple[DimRule, list[Strategy], int | None]:
+    """A node's rule, its strategies and the node it follows (None for a leader)."""
+    rule, kind = resolve(node, graph)
+    if kind != "registered":
+        generic[node.op] = kind
+    check_rule(rule, in_metas, node.outputs)
+    if rule.follower and node.inputs:
+        rule = _flexible_leader(rule, node, strats)
+        u, idx = node.inputs[rule.leader]
+        leader_specs = [s.out_specs[idx] for s in strats[u]]
+        return rule, follow_strategies(rule, leader_specs, in_metas, node.outputs, sizes), u
+    return rule, enumerate_strategies(rule, in_metas, node.outputs, sizes), None
 
 
 def _pin(graph: Graph, strats: list[list[Strategy]], costs: list[np.ndarray],
@@ -162,7 +202,8 @@ def build_model(graph: Graph, topo: Topology, memory_limit: float | None = None,
     ``pinned[name] = spec`` fixes placeholder ``name`` (a parameter, optimizer state or
     input) to ``spec``; its alias group follows. Raises :class:`PinError` on a bad pin.
     """
-    rules, strats, follows, unknown = node_strategies(graph, topo)
+    generic: dict[str, str] = {}
+    rules, strats, follows, unknown = node_strategies(graph, topo, generic)
     sizes = topo.axis_sizes
     costs, mems = [], []
     for node, rule, ss in zip(graph.nodes, rules, strats):
@@ -170,8 +211,9 @@ def build_model(graph: Graph, topo: Topology, memory_limit: float | None = None,
         if node.role == "input":  # feeding the batch: each device loads its shard
             costs.append(np.array([topo.compute_time(0.0, memory_bytes(s.out_specs, node.outputs, sizes)) for s in ss]))
         else:
-            fused = _elementwise(node.op)  # XLA fuses it into its neighbours
-            costs.append(np.array([compute_cost(s, rule.flops, in_metas, node.outputs, topo, fused) for s in ss]))
+            fused = _elementwise(node.op) or generic.get(node.op) == "pointwise"  # XLA fuses it into its neighbours
+            costs.append(np.array([compute_cost(s, rule.flops, in_metas, node.outputs, topo, fused)
+                                   + _internal_cost(rule, s, topo) for s in ss]))
         alloc = _allocates(node, rule)
         mems.append(np.array([memory_bytes(s.out_specs, node.outputs, sizes) if alloc else 0.0 for s in ss]))
     consumers: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
@@ -205,7 +247,7 @@ def build_model(graph: Graph, topo: Topology, memory_limit: float | None = None,
         for i, (u, idx) in enumerate(node.inputs):
             src, j = (fan_of[(u, idx)], 0) if (u, idx) in fan_of else (u, idx)
             add_edge(src, v, _edge_matrix([s.out_specs[j] for s in strats[src]], [s.in_specs[i] for s in strats[v]],
-                                          graph.nodes[u].outputs[idx], link_model((u, idx))))
+                                          graph.nodes[u].outputs[idx], link_model((u, idx)), i in rules[v].unread))
     names = [n.name for n in graph.nodes] + [f"reshard({graph.nodes[u].name}:{idx})" for u, idx in fanouts]
     intervals = graph.liveness() + [(0, 0)] * len(fanouts)
     problem = Problem(graph.name, costs, mems, intervals, list(pair), list(pair.values()), memory_limit, names)
@@ -227,4 +269,29 @@ def build_model(graph: Graph, topo: Topology, memory_limit: float | None = None,
                 uf.union(by_key[key], f)
             else:
                 by_key[key] = f
-    return Model(graph, topo, rules, strats, follows, problem, uf.groups(), unknown, untied_groups)
+    return Model(graph, topo, rules, strats, follows, problem, uf.groups(), unknown, generic, untied_groups)
+
+
+def _flexible_leader(rule: DimRule, node: Node, strats: list[list[Strategy]]) -> DimRule:
+    """Among inputs labelled like the leader (a residual ``add``'s two operands), follow the freest one.
+
+    A follower has exactly the splits of the input it follows; following one whose
+    producer cannot split the batch (an MoE combine that gathers its rows) would keep the
+    whole rest of the block replicated, while its twin operand can split.
+    """
+    labels = rule.inputs[rule.leader]
+
+    def freedom(i: int) -> tuple[int, bool]:
+        u, idx = node.inputs[i]
+        return len({s.out_specs[idx] for s in strats[u]}), i == rule.leader
+
+    same = [i for i, lab in enumerate(rule.inputs) if lab == labels and i < len(node.inputs)]
+    best = max(same, key=freedom)
+    return rule if best == rule.leader else replace(rule, leader=best)
+
+
+def _internal_cost(rule: DimRule, strategy: Strategy, topo: Topology) -> float:
+    """The op's own all-reduce (batch norm statistics over a split batch), if the strategy needs it."""
+    if not strategy.reduce_axes or rule.internal_bytes <= 0:
+        return 0.0
+    return topo.collective("all_reduce", rule.internal_bytes, strategy.reduce_axes)

@@ -93,15 +93,15 @@ class PlanCache:
             return None
         p = self.path(key)
         try:
-            text = p.read_text()
+            text = p.read_bytes()
         except FileNotFoundError:
             return None
         except OSError as err:
             warnings.warn(f"cannot read cached plan {p} ({err}); solving again", PlanCacheWarning, stacklevel=2)
             return None
-        try:
-            return Plan.from_json(text)
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as err:
+        try:  # NOTE: JSON only (never pickle); bytes that are not UTF-8 are a corrupted file too
+            return Plan.from_json(text.decode("utf-8"))
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as err:
             warnings.warn(f"cached plan {p} is corrupted ({type(err).__name__}: {err}); solving again",
                           PlanCacheWarning, stacklevel=2)
             return None

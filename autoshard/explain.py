@@ -1,4 +1,4 @@
-"""Render a :class:`autoshard.plan.Plan` as text tables (rich): summary, decisions, baselines."""
+"""Render a :class:`autoshard.plan.Plan` as text tables (rich): summary, quality guard, decisions, baselines."""
 from __future__ import annotations
 
 import io
@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from autoshard.guard import verdict
 from autoshard.spec import partition_spec, spec_str
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -30,6 +31,10 @@ def render(plan: Plan, limit: int = 40) -> str:
               f"{_t(plan.objective)} (bound {_t(plan.bound)}, gap {plan.gap:.2%}), solved in {plan.solve_time:.2f} s")
     mem = ", ".join(f"{k} {_b(v)}" for k, v in plan.memory.items())
     con.print(f"memory per device: {mem}")
+    _guard(con, plan)
+    generic = plan.stats.get("generic_ops") or {}
+    if generic:
+        con.print("ops planned by the generic rule: " + ", ".join(f"{op} ({kind})" for op, kind in generic.items()))
     table = Table(title="parameters (placement per mesh axis; saving = runner-up's extra step time)")
     for col in ("parameter", "shape", "placement", "partition spec", "runner-up", "saving", "compute", "comm"):
         table.add_column(col)
@@ -53,3 +58,22 @@ def render(plan: Plan, limit: int = 40) -> str:
         base.add_row(name, _t(b["cost"]), f"{ratio:.2f}x", _b(b["peak_memory"]), "yes" if b["feasible"] else "no")
     con.print(base)
     return out.getvalue()
+
+
+def _guard(con: Console, plan: Plan) -> None:
+    """The plan-quality warning (:mod:`autoshard.guard`) and the ops that forced the plan."""
+    guard = plan.stats.get("guard") or {}
+    line = verdict(guard)
+    if line is None:
+        return
+    con.print(f"PLAN QUALITY: {line}")
+    rows = guard.get("forced_by") or []
+    if not rows:
+        return
+    ref, extra = guard.get("reference", "?"), guard.get("ref_extra", 0.0)
+    table = Table(title=f"where {ref} (modelled {_t(extra)} slower) pays more than this plan: the ops that forced it")
+    for col in ("node", "op", "extra", "why"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["node"], r["op"], _t(r["extra_s"]), r["why"])
+    con.print(table)

@@ -1,18 +1,24 @@
-"""Solve a strategy-selection :class:`Problem` exactly: presolve, LP relaxation, then MIP.
+"""Solve a strategy-selection :class:`Problem`: presolve, compact problem, then MIP or search.
 
 The model is the marginal-form ILP of ``design/AUTOSHARD.md`` (binary ``s[v,p]``,
 continuous edge variables ``e[u,v,p,q]`` tied to ``s`` by ``sum_q e = s_u[p]`` and
-``sum_p e = s_v[q]``, one memory row per maximal set of live nodes), after the presolve
-of :mod:`autoshard._presolve` (inf choices removed, single-strategy nodes and separable
-edges folded into costs, parallel edges merged).
+``sum_p e = s_v[q]``, one memory row per maximal set of live nodes).
 
-Order: the primal heuristic of :mod:`autoshard._heuristic` (a feasible plan in seconds:
-MIP hint and timeout fallback); then the LP relaxation (GLOP), whose integral optimum is
-a certified optimum. Models above ``lp_max_edge_vars`` edge variables skip LP and MIP
-and keep the heuristic's plan (FEASIBLE, trivial bound).
-Otherwise a MIP with a warm-start hint and the remaining time. MIP backend finding
-(IOPDDL B/G/V, 2 shared cores, see ``benchmarks/iopddl.py``): SCIP is the default; see
-the ``mip_solver`` argument for HiGHS and CP-SAT.
+1. Presolve (:mod:`autoshard._presolve`): inf choices removed, single-strategy nodes and
+   separable edges folded into costs, parallel edges merged.
+2. Compact problem (:mod:`autoshard._anytime`): nodes tied by bijection edges contracted
+   (:mod:`autoshard._contract`), dominated strategies removed (:mod:`autoshard._dominance`).
+   IOPDDL P: 48,480 free nodes -> 197.
+3. A start plan: memory-aware greedy construction (:mod:`autoshard._construct`) and a
+   short search.
+4. Small compact models (at most ``lp_max_edge_vars`` edge entries): LP relaxation, then
+   the MIP with memory rows generated lazily (:mod:`autoshard._cmodel`); a proof of
+   optimality or a bound on timeout. Larger ones: the anytime search
+   (:mod:`autoshard._search`: node and pair moves, forest DP, LNS with exact sub-MIPs,
+   restarts) interleaved with the Lagrangian bound (:mod:`autoshard._lagrange`), whose
+   reduced-cost fixing can shrink the problem enough for the exact MIP.
+
+Every returned plan is re-evaluated on the original problem (:func:`autoshard.evaluate.evaluate`).
 """
 from __future__ import annotations
 
@@ -26,22 +32,20 @@ from typing import Sequence
 
 import numpy as np
 
-from autoshard._heuristic import heuristic_plan
+from autoshard._anytime import anytime, compact_presolve
+from autoshard._cmodel import build_compact_model, solve_compact
+from autoshard._compact import Compact, Infeasible, objective, plan_of, x_of
+from autoshard._construct import construct
 from autoshard._lp import LpResult, Model, build_model, solve_model
 from autoshard._memory import memory_rows
 from autoshard._presolve import Flat, InvalidProblemError, Reduced, flatten, reduce
+from autoshard._search import search
+from autoshard._space import Space
 from autoshard.evaluate import check_strategies, evaluate, memory_profile
 from autoshard.problem import Problem
 
 __all__ = ["SolveStatus", "Solution", "MemoryBudgetError", "InvalidProblemError", "SolverError",
            "SolverTimeoutWarning", "solve_problem"]
-
-_PARAMS = {
-    "scip": "limits/gap = {gap}\nrandomization/randomseedshift = 0\ndisplay/freq = 1000\n",
-    "highs": "mip_rel_gap = {gap}\nthreads = 1\nrandom_seed = 0\n",
-    "cp_sat": "relative_gap_limit: {gap} num_workers: 2 random_seed: 0 interleave_search: true",
-}
-
 
 class SolveStatus(str, Enum):
     OPTIMAL = "OPTIMAL"
@@ -120,35 +124,6 @@ def _plan_from_x(red: Reduced, model: Model, x: np.ndarray) -> np.ndarray:
     return plan
 
 
-def _is_integral(red: Reduced, model: Model, x: np.ndarray) -> bool:
-    xs = x[:model.num_s]
-    return bool(np.all(np.minimum(np.abs(xs), np.abs(1 - xs)) <= 1e-6))
-
-
-def _trivial_bound(red: Reduced) -> float:
-    """Constant + each free node's cheapest strategy + each kept edge's cheapest entry."""
-    f = red.flat
-    free = (red.fixed < 0) & (np.bincount(f.node_of, weights=red.allowed, minlength=f.n) > 0)
-    cost = np.where(red.allowed & free[f.node_of], red.cost, np.inf)
-    node = np.minimum.reduceat(cost, f.off[:-1])[free] if f.n else np.zeros(0)
-    edge = np.full(red.num_edges, np.inf)
-    np.minimum.at(edge, red.edge, red.c)
-    return red.const + math.fsum(node.tolist()) + math.fsum(edge.tolist())
-
-
-def _hint(red: Reduced, model: Model, ws: np.ndarray) -> np.ndarray:
-    f = red.flat
-    choice = f.off[:-1] + ws
-    ok = red.allowed[choice]  # nodes whose warm-start strategy survived presolve
-    hint = np.full(model.lb.size, np.nan)
-    nodes = f.node_of[model.sg]
-    hint[:model.num_s] = np.where(ok[nodes], model.sg == choice[nodes], np.nan)
-    both = ok[f.node_of[red.A]] & ok[f.node_of[red.B]]
-    on = (red.A == choice[f.node_of[red.A]]) & (red.B == choice[f.node_of[red.B]])
-    hint[model.num_s:model.num_s + model.num_e] = np.where(both, on, np.nan)
-    return hint
-
-
 def _peak_report(problem: Problem, plan: np.ndarray) -> tuple[float, int, list[tuple[int, str, float]]]:
     prof = memory_profile(problem, plan)
     t = int(np.argmax(prof)) if prof.size else 0
@@ -219,33 +194,86 @@ def _finish(problem: Problem, plan, status: SolveStatus, bound: float, t0: float
     return sol
 
 
+class _Incumbent:
+    """The best plan so far in the original problem's terms, and when each was found."""
+
+    def __init__(self, problem: Problem, log: _Log, t0: float) -> None:
+        self.problem, self.log, self.t0 = problem, log, t0
+        self.plan, self.cost, self.phase = None, math.inf, "warm_start"
+        self.trace: list[tuple[float, float]] = []
+
+    def offer(self, name: str, plan) -> None:
+        if plan is None:
+            return
+        cost, ok, _ = evaluate(self.problem, plan)
+        self.log(f"{name} plan: objective {cost:.10g}{'' if ok else ' (infeasible)'}")
+        if ok and cost < self.cost:
+            self.plan, self.cost, self.phase = np.asarray(plan), cost, name
+            self.trace.append((time.perf_counter() - self.t0, cost))
+
+
+def _start(cp: Compact, sp: Space) -> np.ndarray | None:
+    """A compact plan that fits memory: greedy, then greedy weighing memory; None if neither."""
+    for weight in (0.0, 1e-3, 1.0):
+        x = construct(sp, weight=weight * (float(np.abs(cp.cost).max()) or 1.0) / max(
+            float(sp.t_coef.max()) if sp.t_coef.size else 1.0, 1.0) if weight else 0.0)
+        if math.isfinite(objective(cp, x)) and (sp.limit is None or (sp.usage(x) <= sp.limit).all()):
+            return x
+    return None
+
+
+def _lp_first(cp: Compact, x0, lp_solver: str, budget: float, log: _Log):
+    """LP relaxation of the compact model; an integral plan that fits memory is optimal."""
+    rows = None
+    if cp.limit is not None and int(np.sum(cp.thi - cp.tlo)) > 300_000:
+        rows = np.zeros(0, np.int64)  # lazily generated rows are the MIP's job
+    model = build_compact_model(cp, rows)
+    res = _checked(solve_model(model, lp_solver, budget, integer=False))
+    log(f"LP relaxation ({lp_solver}): {res.status} {res.objective:.10g} in {res.seconds:.1f}s")
+    if res.status == "INFEASIBLE":
+        return "infeasible", None, -math.inf
+    if res.status != "OPTIMAL":
+        return "unknown", None, -math.inf
+    s = res.x[:int(cp.off[-1])]
+    if not np.all(np.minimum(np.abs(s), np.abs(1 - s)) <= 1e-6):
+        return "fractional", None, res.objective
+    x = np.array([int(np.argmax(s[cp.off[u]:cp.off[u + 1]])) for u in range(cp.n)], np.int64)
+    return "integral", x, res.objective
+
+
 def solve_problem(problem: Problem, time_limit: float = 60.0,
                   warm_start: Sequence[int] | None = None, verbose: bool = False, *,
                   mip_solver: str = "scip", lp_solver: str = "glop", lp_first: bool = True,
                   rel_gap: float = 1e-9, memory_form: str = "auto", heuristic: bool = True,
-                  heuristic_time: float | None = None, lp_max_edge_vars: int = 250_000) -> Solution:
+                  heuristic_time: float | None = None, lp_max_edge_vars: int = 150_000,
+                  seed: int = 0, progress_every: float = 5.0) -> Solution:
     """Find the cheapest plan of ``problem`` within ``time_limit`` seconds.
 
     Args:
         problem: the strategy-selection problem.
-        time_limit: wall-clock budget for the whole solve (presolve, LP, MIP).
-        warm_start: a strategy per node (e.g. the best manual baseline): MIP hint and fallback.
-        verbose: progress lines (elapsed, phase, incumbent, bound) on stderr.
-        mip_solver: OR-tools backend, "scip" (default), "highs" or "cp_sat".
+        time_limit: wall-clock budget for the whole solve (presolve, search, LP, MIP).
+        warm_start: a strategy per node (e.g. the best manual baseline): fallback plan,
+            and the search's start when no better one is built.
+        verbose: progress lines on stderr (every ``progress_every`` seconds during the
+            search: incumbent, bound, gap, moves).
+        mip_solver: OR-tools backend of the exact MIP, "scip" (default), "highs" or "cp_sat".
         lp_solver: backend of the LP relaxation, "glop" (default) or "pdlp".
         lp_first: solve the LP relaxation first (integral -> certified optimum).
         rel_gap: relative gap at which the MIP stops as OPTIMAL.
-        memory_form: "direct", "incremental" (running sums) or "auto".
-        heuristic: run the primal heuristic (:mod:`autoshard._heuristic`) first; its plan
-            is the MIP hint and the fallback on timeout.
-        heuristic_time: its budget in seconds (default: a quarter of the limit, <= 15 s).
-        lp_max_edge_vars: above this many edge variables the model is "big": the LP-first
-            phase is skipped and, when the heuristic finds a plan, so is the MIP (the
-            heuristic gets the time; the bound is then the trivial one).
+        memory_form: memory rows of the MIP, "direct", "incremental" (running sums) or "auto".
+        heuristic: build a start plan (greedy + short search) before the MIP; its plan is
+            the MIP hint and the fallback on timeout.
+        heuristic_time: seconds of search before the MIP (default: a tenth of the limit,
+            at most 5 s).
+        lp_max_edge_vars: compact models with more finite edge entries than this get
+            the anytime search instead of the MIP (IOPDDL V and M).
+        seed: seed of the search's random choices (same seed, same sequence of moves).
+        progress_every: seconds between progress lines.
 
     Returns:
         A :class:`Solution`; ``FEASIBLE`` and ``TIMEOUT_NO_SOLUTION`` also warn
-        (:class:`SolverTimeoutWarning`).
+        (:class:`SolverTimeoutWarning`). ``stats["trace"]`` lists (seconds, objective)
+        at every improvement, ``stats["bound_trace"]`` the bounds.
 
     Raises:
         MemoryBudgetError: ``memory_limit`` is below the smallest achievable peak.
@@ -267,9 +295,8 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
     left = lambda: time_limit - (time.perf_counter() - t0)  # noqa: E731
     ws = None if warm_start is None else check_strategies(problem, warm_start)
     flat = flatten(problem)
-    red = reduce(flat)
+    red = reduce(flat, dedup=False)  # the compact presolve's dominance removes duplicates
     stats = dict(red.stats)
-    log(f"{problem.name}: presolve {stats}")
     infeasible = lambda ph: _infeasible(problem, flat, max(left(), 1.0), t0, ph, stats, log)  # noqa: E731
     if red.empty_nodes.size:
         log(f"nodes {red.empty_nodes[:10].tolist()} have no allowed strategy")
@@ -277,82 +304,65 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
     mem = None if problem.memory_limit is None else memory_rows(flat, red.allowed, problem.memory_limit)
     if mem is not None and mem.peak_lower_bound > problem.memory_limit * (1 + 1e-12):
         return infeasible("presolve")
-    model = build_model(red, mem, limit=problem.memory_limit, form=memory_form)
-    stats.update(vars=int(model.lb.size), rows=int(model.clb.size), nnz=int(model.matrix.nnz),
-                 memory_rows=0 if mem is None else mem.num_rows, memory_form=model.memory_form)
-    log(f"model: {model.lb.size} vars ({model.num_s} binary), {model.clb.size} rows, "
-        f"{model.matrix.nnz} nonzeros, memory {model.memory_form} ({stats['memory_rows']} rows)")
-    best_plan, best_cost, phase = None, math.inf, "warm_start"
-
-    def offer(name: str, cand) -> None:
-        nonlocal best_plan, best_cost, phase
-        if cand is None:
-            return
-        cost, ok, _ = evaluate(problem, cand)
-        log(f"{name} plan: objective {cost:.10g}{'' if ok else ' (infeasible)'}")
-        if ok and cost < best_cost:
-            best_plan, best_cost, phase = cand, cost, name
-
+    try:
+        cp, cstats = compact_presolve(red, mem, problem.memory_limit)
+    except Infeasible:
+        return infeasible("presolve")
+    stats.update(cstats)
+    log(f"{problem.name}: presolve {stats}")
+    inc = _Incumbent(problem, log, t0)
     if ws is not None:
-        offer("warm_start", ws)
-    if model.num_s == 0:  # everything fixed by presolve
-        return _finish(problem, red.fixed, SolveStatus.OPTIMAL, -math.inf, t0, "presolve", stats, log)
-    big = model.num_e > lp_max_edge_vars
-    if heuristic:
-        # NOTE: on big models (IOPDDL V/P/M) neither the LP nor the MIP finishes in a
-        # minute, and SCIP given a partial hint overran the limit (P: 281 s for 60 s),
-        # so there the heuristic gets the whole budget and is the answer.
-        default = 0.9 * left() if big else min(0.25 * left(), 15.0)
-        budget = default if heuristic_time is None else min(heuristic_time, left())
-        plan, hstats = heuristic_plan(red, mem, problem.memory_limit, max(budget, 0.0))
-        stats["heuristic"] = {k: v for k, v in hstats.items() if k != "reason"}
-        log(f"heuristic: {hstats}")
-        offer("heuristic", plan)
-    if big and best_plan is not None:
-        log(f"big model ({model.num_e} edge vars > lp_max_edge_vars={lp_max_edge_vars}): "
-            f"LP and MIP skipped, keeping the {phase} plan")
-        return _finish(problem, best_plan, SolveStatus.FEASIBLE, _trivial_bound(red), t0, phase,
-                       stats, log)
-    bound, lp_x = -math.inf, None
-    if lp_first and big:
-        log(f"LP-first skipped: {model.num_e} edge vars > lp_max_edge_vars={lp_max_edge_vars}")
-    elif lp_first:
-        res = _checked(solve_model(model, lp_solver, max(0.3 * left(), 0.5), integer=False,
-                                   log=log.solver_line if verbose else None))
-        lp_x = res.x
-        log(f"LP relaxation ({lp_solver}): {res.status} {res.objective:.10g} in {res.seconds:.1f}s")
-        if res.status == "OPTIMAL":
-            bound = res.objective
-            if _is_integral(red, model, res.x):
-                plan = _plan_from_x(red, model, res.x)
-                cost, ok, _ = evaluate(problem, plan)
-                if ok and cost <= bound + 1e-9 * max(1.0, abs(bound)):
-                    return _finish(problem, plan, SolveStatus.OPTIMAL, bound, t0, "lp", stats, log)
-        elif res.status == "INFEASIBLE":
-            return infeasible("lp")
-    if lp_x is not None:
-        offer("lp rounding", _plan_from_x(red, model, lp_x))
-    # NOTE: OR-tools 9.15's HiGHS interface segfaults on some hinted models (seen on a
-    # 7-variable one), so HiGHS gets no hint; the incumbent still backs up its result.
-    hint = (None if best_plan is None or mip_solver == "highs"
-            else _hint(red, model, np.asarray(best_plan)))
-    params = _PARAMS.get(mip_solver, "").format(gap=rel_gap)
-    log(f"MIP ({mip_solver}) with {left():.1f}s left" + (f", hint from {phase}" if hint is not None else ""))
-    res = _checked(solve_model(model, mip_solver, max(left(), 0.1), integer=True, hint=hint,
-                               params=params, log=log.solver_line if verbose else None))
-    log(f"MIP: {res.status} objective {res.objective:.10g} bound {res.bound:.10g} in {res.seconds:.1f}s")
-    if res.x is not None or res.status == "OPTIMAL":  # else the backend's bound may be a placeholder
-        bound = max(bound, res.bound)
-    bound = max(bound, _trivial_bound(red))
-    if res.x is not None:
-        plan = _plan_from_x(red, model, res.x)
-        cost, ok, _ = evaluate(problem, plan)
-        if ok and cost <= best_cost:
-            best_plan, best_cost, phase = plan, cost, "mip"
-    if res.status == "INFEASIBLE" and best_plan is None:
-        return infeasible("mip")
-    if best_plan is None:
+        inc.offer("warm_start", ws)
+    if cp.n == 0:  # everything fixed by presolve
+        return _finish(problem, plan_of(cp, np.zeros(0, np.int64)), SolveStatus.OPTIMAL, -math.inf,
+                       t0, "presolve", stats, log)
+    sp = Space(cp)
+    x0 = _start(cp, sp) if heuristic else None
+    if x0 is not None:
+        inc.offer("construct", plan_of(cp, x0))
+    elif inc.plan is not None:
+        x0 = x_of(cp, inc.plan)  # None if the warm start uses a removed strategy
+    bound, proven, big = -math.inf, False, int(np.isfinite(cp.W).sum()) > lp_max_edge_vars
+    if big and x0 is not None:
+        log(f"big model ({stats['compact_entries']} edge entries > lp_max_edge_vars="
+            f"{lp_max_edge_vars}): anytime search")
+        t_any = time.perf_counter() - t0
+        res = anytime(cp, x0, max(left(), 0.0), seed=seed, log=log, every=progress_every)
+        for t, o in res.trace:
+            if o < inc.cost and (not inc.trace or o < inc.trace[-1][1]):
+                inc.trace.append((t_any + t, o))
+        inc.offer("search", plan_of(cp, res.x))
+        bound, proven = res.bound, res.optimal
+        stats.update(search=res.stats["search"], dual_sweeps=res.stats["dual_sweeps"])
+        stats["bound_trace"] = [(t_any + t, b) for t, b in res.bound_trace]
+    else:
+        if x0 is not None and heuristic:
+            budget = min(0.1 * left(), 5.0) if heuristic_time is None else min(heuristic_time, left())
+            res = search(cp, x0, max(budget, 0.0), seed=seed, sp=sp)
+            x0 = res.x
+            inc.offer("search", plan_of(cp, x0))
+        if lp_first and left() > 0.1:
+            kind, x, lpb = _lp_first(cp, x0, lp_solver, max(0.3 * left(), 0.5), log)
+            if kind == "infeasible":
+                return infeasible("lp")
+            bound = max(bound, lpb)
+            if kind == "integral" and (sp.limit is None or (sp.usage(x) <= sp.limit).all()):
+                inc.offer("lp", plan_of(cp, x))
+                if inc.phase == "lp":
+                    return _finish(problem, inc.plan, SolveStatus.OPTIMAL, lpb, t0, "lp", stats, log)
+        log(f"MIP ({mip_solver}) with {left():.1f}s left")
+        r = solve_compact(cp, max(left(), 0.1), x0, rel_gap=rel_gap, seed=seed, solver=mip_solver,
+                          form=memory_form, lean=False)
+        log(f"MIP: objective {r.objective:.10g} bound {r.bound:.10g} optimal {r.optimal} "
+            f"in {r.seconds:.1f}s ({r.solves} solves, {r.rows.size} memory rows)")
+        if r.bound == math.inf and inc.plan is None:
+            return infeasible("mip")
+        bound = max(bound, r.bound if r.bound != math.inf else -math.inf)
+        if r.x is not None:
+            inc.offer("mip", plan_of(cp, r.x))
+        proven = r.optimal and inc.cost <= r.objective + 1e-9 * max(abs(r.objective), 1.0)
+    stats["trace"] = inc.trace
+    if inc.plan is None:
         return _finish(problem, None, SolveStatus.TIMEOUT_NO_SOLUTION, bound, t0, "mip", stats, log)
-    proven = res.status == "OPTIMAL" and phase == "mip"
-    status = SolveStatus.OPTIMAL if proven or best_cost <= bound else SolveStatus.FEASIBLE
-    return _finish(problem, best_plan, status, bound, t0, phase, stats, log)
+    status = SolveStatus.OPTIMAL if proven or inc.cost <= bound else SolveStatus.FEASIBLE
+    return _finish(problem, inc.plan, status, bound, t0, inc.phase, stats, log)

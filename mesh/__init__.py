@@ -12,15 +12,18 @@ from mesh._env import ensure_virtual_cpu_devices
 
 ensure_virtual_cpu_devices()
 
-from mesh.errors import AxisError, DeviceIdError, MeshError, MeshShapeError, TopologyError  # noqa: E402
+from mesh.errors import (  # noqa: E402
+    AxisError, DeviceIdError, MeshDevicesError, MeshError, MeshShapeError, TopologyError,
+)
 from mesh.hybrid import HybridMesh, group_granules, hybrid_device_order  # noqa: E402
-from mesh.mesh import Mesh, from_torch, get_global_mesh, set_global_mesh  # noqa: E402
+from mesh.mesh import Mesh, get_global_mesh, set_global_mesh  # noqa: E402
+from mesh.torch_bridge import from_torch  # noqa: E402
 from mesh.presets import PRESETS, SystemPreset, topology_for  # noqa: E402
 from mesh.topology import COLLECTIVES, DeviceSpec, Link, Topology  # noqa: E402
 
 __all__ = [
     "AxisError", "COLLECTIVES", "DeviceIdError", "DeviceSpec", "HybridMesh", "Link", "Mesh",
-    "MeshError", "MeshShapeError", "PRESETS", "SystemPreset", "Topology", "TopologyError",
+    "MeshDevicesError", "MeshError", "MeshShapeError", "PRESETS", "SystemPreset", "Topology", "TopologyError",
     "from_torch", "get_global_mesh", "group_granules", "hybrid_device_order", "set_global_mesh",
     "topology_for",
 ]

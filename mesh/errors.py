@@ -14,6 +14,10 @@ class DeviceIdError(MeshError):
     """Device ids are duplicated, negative, not integers, or unknown to JAX."""
 
 
+class MeshDevicesError(DeviceIdError):
+    """A mesh names device ids that JAX does not have (``validate=False`` skips the check)."""
+
+
 class AxisError(MeshError, KeyError):
     """An axis name or index is unknown, or an axis name is used twice."""
 

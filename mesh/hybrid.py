@@ -32,6 +32,8 @@ class HybridMesh(Mesh):
         devices: JAX devices to use (default ``jax.devices()``).
         num_granules: simulate this many granules by splitting the device list into
             equal consecutive chunks (for virtual CPU devices, which have no slices).
+        validate: check the ids of ``devices`` against ``jax.devices()`` (as :class:`Mesh`);
+            ``False`` for another machine's devices, e.g. ids-only stand-ins when planning.
 
     Example:
         >>> m = HybridMesh(ici_mesh_shape=(1, 4, 1), dcn_mesh_shape=(2, 1, 1),
@@ -52,6 +54,7 @@ class HybridMesh(Mesh):
         axis_names: Sequence[str] | None = None,
         devices: Sequence[Any] | None = None,
         num_granules: int | None = None,
+        validate: bool = True,
     ) -> None:
         ici, dcn = _check_shape(ici_mesh_shape), _check_shape(dcn_mesh_shape)
         if len(ici) != len(dcn):
@@ -70,7 +73,7 @@ class HybridMesh(Mesh):
             raise MeshShapeError(f"ici_mesh_shape {ici} needs {per} devices per granule, "
                                  f"granules have {[len(g) for g in granules]}")
         ids = hybrid_device_order(ici, dcn, granules)
-        super().__init__(ids.reshape(-1), ids.shape, axis_names)
+        super().__init__(ids.reshape(-1), ids.shape, axis_names, validate=validate)
         self.ici_mesh_shape, self.dcn_mesh_shape = ici, dcn
         self.granules: tuple[tuple[int, ...], ...] = tuple(tuple(g) for g in granules)
 

@@ -1,7 +1,9 @@
 """The logical device mesh: device ids arranged in an N-D grid with named axes.
 
 Semantics follow the torch_xla SPMD ``Mesh``: ``device_ids`` are global device ids
-(JAX's ``Device.id``) laid out row-major into ``mesh_shape``.
+(JAX's ``Device.id``) laid out row-major into ``mesh_shape``. A mesh checks its ids
+against ``jax.devices()`` when built (``validate=False``: a mesh of another machine,
+for planning).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Hashable, Sequence
 
 import numpy as np
 
+from mesh._devices import check_device_ids
 from mesh.errors import AxisError, DeviceIdError, MeshShapeError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -25,6 +28,12 @@ class Mesh:
         device_ids: global device ids, in the order they fill the mesh (row-major).
         mesh_shape: size of each mesh axis; the product must equal ``len(device_ids)``.
         axis_names: one unique name per axis, or ``None`` (axes are then known by index).
+        validate: check that JAX has every device id (this starts JAX's backends). Pass
+            ``False`` to describe another machine's mesh, e.g. to plan for 256 TPU chips.
+
+    Raises:
+        MeshShapeError, DeviceIdError, AxisError: a malformed shape, id list or names.
+        MeshDevicesError: ``validate`` and some id is not one of ``jax.devices()``.
 
     Example:
         >>> m = Mesh(range(8), (2, 4), ("data", "model"))
@@ -41,12 +50,16 @@ class Mesh:
         device_ids: Sequence[int] | np.ndarray,
         mesh_shape: Sequence[int],
         axis_names: Sequence[str] | None = None,
+        *,
+        validate: bool = True,
     ) -> None:
         self.mesh_shape: tuple[int, ...] = _check_shape(mesh_shape)
         self.device_ids: tuple[int, ...] = _check_ids(device_ids, self.mesh_shape)
         self.axis_names: tuple[str, ...] | None = _check_names(axis_names, len(self.mesh_shape))
         self._parent: Mesh | None = None
-        self._parent_axes: tuple[int, ...] = ()
+        self._parent_axes: tuple[tuple[int, ...], ...] = ()  # per axis: the root axes it spans
+        if validate:
+            check_device_ids(self.device_ids, f"{type(self).__name__}({self._axes_text()})")
 
     # -- torch_xla-compatible accessors ------------------------------------------------
     def size(self) -> int:
@@ -110,9 +123,29 @@ class Mesh:
             raise AxisError(f"sub-mesh axes {names!r} name one axis twice")
         grid = np.moveaxis(self.get_logical_mesh(), idx, range(len(idx)))
         block = grid[(Ellipsis,) + (0,) * (self.ndim - len(idx))] if len(idx) < self.ndim else grid
-        sub = Mesh(block.reshape(-1), block.shape, [self.axis_name(i) for i in idx])
+        groups = self.root_axis_groups
+        return self._child(block, [self.axis_name(i) for i in idx], tuple(groups[i] for i in idx))
+
+    def flatten(self, name: str | None = None) -> Mesh:
+        """This mesh's devices as one axis (row-major), like torch's ``DeviceMesh._flatten``.
+
+        The result remembers the root: its one axis spans all of this mesh's root axes,
+        major first, so ``Shard(0)`` on it splits a dim over all of them.
+
+        Example:
+            >>> m = Mesh(range(8), (2, 2, 2), ("dp", "cp", "tp"))
+            >>> f = m[("dp", "cp")].flatten()
+            >>> f.axis_names, f.get_logical_mesh().tolist(), f.root_axis_groups
+            (('dp_cp',), [0, 2, 4, 6], ((0, 1),))
+        """
+        name = name or "_".join(self.axis_names or self.jax_axis_names)
+        spanned = tuple(a for g in self.root_axis_groups for a in g)
+        return self._child(self.get_logical_mesh().reshape(-1), [name], (spanned,))
+
+    def _child(self, block: np.ndarray, names: Sequence[str], groups: tuple[tuple[int, ...], ...]) -> Mesh:
+        sub = Mesh(block.reshape(-1), block.shape, names, validate=False)
         sub._parent = self.root
-        sub._parent_axes = tuple(self._to_root_axis(i) for i in idx)
+        sub._parent_axes = groups
         return sub
 
     @property
@@ -121,23 +154,33 @@ class Mesh:
         return self._parent if self._parent is not None else self
 
     @property
-    def root_axes(self) -> tuple[int, ...]:
-        """For each axis of this mesh, the index of the same axis in :attr:`root`."""
-        return self._parent_axes if self._parent is not None else tuple(range(self.ndim))
+    def root_axis_groups(self) -> tuple[tuple[int, ...], ...]:
+        """For each axis of this mesh, the axes of :attr:`root` it spans, major first
+        (one axis, or several for a flattened mesh)."""
+        return self._parent_axes if self._parent is not None else tuple((i,) for i in range(self.ndim))
 
-    def _to_root_axis(self, i: int) -> int:
-        return self.root_axes[i]
+    @property
+    def root_axes(self) -> tuple[int, ...]:
+        """For each axis of this mesh, the index of the same axis in :attr:`root`.
+
+        Raises:
+            AxisError: an axis is a flattened one spanning several root axes (use
+                :attr:`root_axis_groups`).
+        """
+        groups = self.root_axis_groups
+        flat = [self.axis_name(i) for i, g in enumerate(groups) if len(g) != 1]
+        if flat:
+            raise AxisError(f"axes {flat} of {self!r} are flattened over several root axes; "
+                            "read root_axis_groups instead")
+        return tuple(g[0] for g in groups)
 
     # -- JAX ------------------------------------------------------------------------
     def devices(self) -> np.ndarray:
         """The JAX devices as an object array of shape ``mesh_shape``."""
         import jax
 
+        check_device_ids(self.device_ids, repr(self))
         by_id = {d.id: d for d in jax.devices()}
-        unknown = [i for i in self.device_ids if i not in by_id]
-        if unknown:
-            raise DeviceIdError(f"device ids {unknown} are not among JAX's devices "
-                                f"(available ids: {sorted(by_id)})")
         return np.array([by_id[i] for i in self.device_ids], dtype=object).reshape(self.mesh_shape)
 
     def jax_mesh(self) -> "jax.sharding.Mesh":
@@ -154,9 +197,11 @@ class Mesh:
     def __hash__(self) -> int:
         return hash(self._key())
 
+    def _axes_text(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.shape().items())
+
     def __repr__(self) -> str:
-        axes = ", ".join(f"{k}={v}" for k, v in self.shape().items())
-        return f"{type(self).__name__}({axes}; devices={list(self.device_ids)})"
+        return f"{type(self).__name__}({self._axes_text()}; devices={list(self.device_ids)})"
 
 
 _JAX_MESHES: dict[Mesh, Any] = {}
@@ -237,21 +282,3 @@ def set_global_mesh(mesh: Mesh | None) -> None:
 def get_global_mesh() -> Mesh | None:
     """The mesh set by :func:`set_global_mesh`, or ``None``."""
     return _GLOBAL_MESH
-
-
-def from_torch(device_mesh: Any) -> Mesh:
-    """Convert ``torch.distributed.DeviceMesh("xla", ...)`` keeping device order and dim names.
-
-    Example:
-        >>> from torch.distributed.device_mesh import DeviceMesh
-        >>> from_torch(DeviceMesh("xla", [[0, 1], [2, 3]], mesh_dim_names=("dp", "tp"))).shape()
-        OrderedDict([('dp', 2), ('tp', 2)])
-    """
-    grid = getattr(device_mesh, "mesh", None)
-    if grid is None or not hasattr(device_mesh, "device_type"):
-        raise TypeError(f"from_torch expects a torch DeviceMesh, got {type(device_mesh).__name__}")
-    if device_mesh.device_type != "xla":
-        raise TypeError(f"from_torch expects a DeviceMesh of device type 'xla', got "
-                        f"{device_mesh.device_type!r}")
-    ids = grid.detach().cpu().numpy()
-    return Mesh(ids.reshape(-1), ids.shape, device_mesh.mesh_dim_names)

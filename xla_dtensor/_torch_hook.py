@@ -10,6 +10,17 @@ torch_xla are not fooled. With the real torch_xla installed this does nothing.
 torch turns *any* ``ImportError`` raised inside the call into "install torch_xla";
 ours are re-raised as :class:`~xla_dtensor.spmd.errors.DependencyImportError`
 carrying the original message.
+
+Three more entry points have no such hook, so they are wrapped, and the wrappers act
+only on ``"xla"`` meshes (every other mesh takes torch's own code unchanged):
+
+* ``DTensor.from_local`` -> :meth:`XLAShardedTensor.from_local` (torch's parallel styles
+  call it on every module input and output);
+* ``DeviceMesh.__getitem__`` / ``DeviceMesh.mesh``: an xla mesh has no process groups,
+  so torch could not slice one (``dm["tp"]``, ``dm["dp", "tp"]``, and a flattened
+  ``dm["dp_cp"]``); a sliced mesh's ``.mesh`` is the group holding the root's first
+  device (one controller: every group runs the same program);
+* ``DeviceMesh.get_group``: a clear error instead of an ``IndexError``.
 """
 from __future__ import annotations
 
@@ -21,6 +32,7 @@ import types
 from typing import Any, Callable
 
 LEAF = "torch_xla.distributed.spmd"
+_MARK = "__xla_dtensor__"
 _log = logging.getLogger("xla_dtensor")
 
 
@@ -61,9 +73,9 @@ def real_torch_xla_installed() -> bool:
 
 
 def install() -> bool:
-    """Register the leaf module; returns whether xla_dtensor now serves xla meshes."""
+    """Register the leaf module and the wrappers; returns whether xla_dtensor now serves xla meshes."""
     current = sys.modules.get(LEAF)
-    if current is not None and getattr(current, "__xla_dtensor__", False):
+    if current is not None and getattr(current, _MARK, False):
         return True
     if real_torch_xla_installed() or current is not None:
         _log.info("torch_xla is installed: torch's DTensor API on 'xla' meshes goes to torch_xla, "
@@ -72,6 +84,91 @@ def install() -> bool:
     mod = types.ModuleType(LEAF, "xla_dtensor's stand-in for torch_xla's DTensor entry points")
     mod.xla_distribute_tensor = xla_distribute_tensor  # type: ignore[attr-defined]
     mod.xla_distribute_module = xla_distribute_module  # type: ignore[attr-defined]
-    mod.__xla_dtensor__ = True  # type: ignore[attr-defined]
+    setattr(mod, _MARK, True)
     sys.modules[LEAF] = mod
+    _wrap_torch()
     return True
+
+
+# -- wrappers for the entry points torch has no hook for ------------------------------
+def _is_xla(device_mesh: Any) -> bool:
+    from mesh import Mesh
+    return isinstance(device_mesh, Mesh) or getattr(device_mesh, "device_type", None) == "xla"
+
+
+def _current_mesh() -> Any:
+    from torch.distributed.device_mesh import _mesh_resources
+    stack = getattr(_mesh_resources, "mesh_stack", None)
+    return stack[-1] if stack else None
+
+
+def slice_xla_mesh(device_mesh: Any, names: tuple[str, ...]) -> Any:
+    """torch's own ``device_mesh[names]`` for an ``"xla"`` mesh (which has no process groups)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    root = device_mesh._get_root_mesh()
+    added = [m for m in ((device_mesh,) if root is device_mesh else (device_mesh, root))
+             if not hasattr(m, "_dim_group_names")]
+    for m in added:
+        m._dim_group_names = []  # NOTE: no groups to slice; torch only copies this list
+    getitem = getattr(DeviceMesh.__getitem__, "__wrapped__", DeviceMesh.__getitem__)
+    try:
+        sub = getitem(device_mesh, names[0] if len(names) == 1 else names)
+    finally:  # NOTE: torch's _unflatten would try to make process groups for a mesh that has the list
+        for m in added:
+            del m._dim_group_names
+    if sub is not device_mesh and sub.__dict__.get("_dim_group_names") == []:
+        del sub._dim_group_names
+    return sub
+
+
+def _wrap_torch() -> None:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor
+
+    def from_local(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def call(local_tensor: Any, device_mesh: Any = None, placements: Any = None, **kw: Any) -> Any:
+            if _is_xla(device_mesh if device_mesh is not None else _current_mesh()):
+                from xla_dtensor.spmd.sharded_tensor import XLAShardedTensor
+                return XLAShardedTensor.from_local(local_tensor, device_mesh, placements, **kw)
+            return orig(local_tensor, device_mesh, placements, **kw)
+        return staticmethod(call)
+
+    def getitem(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def call(self: Any, mesh_dim_names: Any) -> Any:
+            if self.device_type != "xla":
+                return orig(self, mesh_dim_names)
+            names = (mesh_dim_names,) if isinstance(mesh_dim_names, str) else tuple(mesh_dim_names)
+            return slice_xla_mesh(self, names)
+        return call
+
+    def mesh(orig: property) -> property:
+        @functools.wraps(orig.fget)
+        def get(self: Any) -> Any:
+            if self.device_type != "xla":
+                return orig.fget(self)
+            return self._layout.remap_to_tensor(self._rank_map)[0]
+        return property(get)
+
+    def get_group(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def call(self: Any, mesh_dim: Any = None) -> Any:
+            if self.device_type == "xla":
+                raise RuntimeError(
+                    f"{self!r} is an 'xla' mesh: it has no process groups. Under single-controller "
+                    "SPMD XLA inserts the collectives from the layouts (placements), so code that "
+                    "needs a ProcessGroup (torch's functional collectives, FSDP2 fully_shard, DDP) "
+                    "does not run on it; use placements, xla_dtensor.fsdp.shard_model for FSDP")
+            return orig(self, mesh_dim)
+        return call
+
+    for cls, name, make in ((DTensor, "from_local", lambda o: from_local(o.__func__)),
+                            (DeviceMesh, "__getitem__", getitem), (DeviceMesh, "mesh", mesh),
+                            (DeviceMesh, "get_group", get_group)):
+        orig = cls.__dict__[name]
+        if not getattr(getattr(orig, "fget", orig), _MARK, False) and not getattr(
+                getattr(orig, "__func__", None), _MARK, False):
+            new = make(orig)
+            setattr(getattr(new, "fget", getattr(new, "__func__", new)), _MARK, True)
+            setattr(cls, name, new)

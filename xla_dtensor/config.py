@@ -29,6 +29,11 @@ class Config:
             ~0.7 ms a replay, ``benchmarks/spmd_step.py``): at 50 that is ~0.4 ms a call.
         recompile_warn_limit: warn when one call site has compiled more than this
             many different programs.
+        check_indices: bounds-check the indices of indexing ops (embedding, ``x[idx]``,
+            gather, index_select, take, index_put, scatter, index_add/copy/fill,
+            nll_loss) and raise torch's error at the next barrier (``True``); let XLA
+            clamp them (``False``); ``None`` (default): check in eager mode only.
+            See ``xla_dtensor/core/index_checks.py``.
     """
 
     cpu_fallback: bool = False
@@ -37,6 +42,7 @@ class Config:
     check_lowerings: bool = True
     compile_check_every: int = 50
     recompile_warn_limit: int = 8
+    check_indices: bool | None = None
 
     def __setattr__(self, name: str, value: object) -> None:
         if name not in type(self).__dataclass_fields__:
@@ -47,6 +53,8 @@ class Config:
         if name in ("compile_check_every", "recompile_warn_limit") and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if name == "check_indices" and value not in (None, True, False):
+            raise ValueError(f"check_indices must be True, False or None (eager mode only), got {value!r}")
         object.__setattr__(self, name, value)
 
 

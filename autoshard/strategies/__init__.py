@@ -8,8 +8,8 @@ Example:
 from __future__ import annotations
 
 from autoshard.strategies import (  # noqa: F401  (registration side effects)
-    attention, cat, elementwise, embedding, factory, index, loss, matmul, norm, optimizer, reduction, triangular,
-    view, view_backward)
+    attention, cat, conv, elementwise, embedding, factory, index, loss, matmul, moe, norm, optimizer, pad, reduction,
+    scan, scatter_views, triangular, view, view_backward)
 from autoshard.strategies.base import PARTIAL, DimRule, Strategy, enumerate_strategies, follow_strategies
 from autoshard.strategies.registry import lookup, register, registered_ops, rule_for
 

@@ -44,6 +44,15 @@ class DimRule:
     ``follower``: one strategy per strategy of input ``leader``. ``flops``: global flops.
     ``shape_only``: the op reads only its leader's shape (``ones_like``): a ``Partial``
     leader is taken as it is (no reduction) and the output is replicated on that axis.
+    ``unread``: input positions whose values the op never reads (``new_zeros``'s template):
+    any layout serves, so they cost no resharding. ``internal``: labels the op reduces
+    inside itself with an all-reduce of ``internal_bytes`` (batch norm's statistics over a
+    split batch): outputs without the label are whole (not ``Partial``).
+    ``whole_compute``: the op runs whole on every device even when its outputs are handed
+    on sliced (an opaque op: a slice of a replicated result is free, the work is not split).
+    ``independent``: ``(output, label)`` pairs where that output does not depend on the
+    label's dim at all (a convolution's bias gradient and the input channels): splitting
+    the label leaves that output whole on every device, not ``Partial``.
     """
 
     inputs: tuple[tuple[Label, ...], ...]
@@ -56,6 +65,11 @@ class DimRule:
     flops: float = 0.0
     passthrough: frozenset[int] = frozenset()
     shape_only: bool = False
+    unread: frozenset[int] = frozenset()
+    internal: frozenset[str] = frozenset()
+    internal_bytes: float = 0.0
+    whole_compute: bool = False
+    independent: frozenset[tuple[int, str]] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +80,26 @@ class Strategy:
     in_specs: tuple[Spec, ...]
     out_specs: tuple[Spec, ...]
     split: int = 1  # the work is divided this many ways
+    reduce_axes: tuple[int, ...] = ()  # mesh axes of the op's own all-reduce (DimRule.internal)
 
 
 Assignment = tuple[Label, ...]  # per mesh axis: the label split along it, None, or PARTIAL
+
+
+class RuleShapeError(ValueError):
+    """A rule's labels do not fit the node it was made for (wrong count or rank of tensors)."""
+
+
+def check_rule(rule: DimRule, in_metas: Sequence[TensorMeta], out_metas: Sequence[TensorMeta]) -> None:
+    """Raise :class:`RuleShapeError` unless ``rule`` labels every dim of every input and output once."""
+    for kind, labels, metas in (("input", rule.inputs, in_metas), ("output", rule.outputs, out_metas)):
+        if len(labels) != len(metas):
+            raise RuleShapeError(f"rule labels {len(labels)} {kind}s, the node has {len(metas)}")
+        for i, (lab, meta) in enumerate(zip(labels, metas)):
+            if len(lab) != meta.ndim:
+                raise RuleShapeError(f"{kind} {i}: labels {lab} for a tensor of shape {meta.shape}")
+    if rule.follower and in_metas and not 0 <= rule.leader < len(in_metas):
+        raise RuleShapeError(f"leader input {rule.leader} out of range 0..{len(in_metas) - 1}")
 
 
 def _labels(rule: DimRule) -> tuple[set[str], set[str]]:
@@ -80,10 +111,12 @@ def _labels(rule: DimRule) -> tuple[set[str], set[str]]:
 def _valid(rule: DimRule, assign: Assignment, metas: Sequence[TensorMeta], axis_sizes: Sequence[int]) -> bool:
     ins, outs = _labels(rule)
     dims = list(rule.inputs) + list(rule.outputs)
+    allowed = rule.partial | rule.internal
     for label in set(assign) - {None, PARTIAL}:
-        if label in ins and label not in outs and label not in rule.partial:
+        if label in ins and label not in outs and label not in allowed:
             return False
-        if label in ins and any(label not in o for o in rule.outputs) and label not in rule.partial:
+        if label in ins and label not in allowed and any(
+                label not in o and (j, label) not in rule.independent for j, o in enumerate(rule.outputs)):
             return False
         n = math.prod(s for l, s in zip(assign, axis_sizes) if l == label)
         for labels, meta in zip(dims, metas):
@@ -105,7 +138,7 @@ def specs_for(rule: DimRule, assign: Assignment) -> tuple[tuple[Spec, ...], tupl
             return ("S", labels.index(label))
         if is_input:
             return "P" if label in rule.partial and pos in rule.additive else "R"
-        return "P" if label in ins_all else "R"
+        return "P" if label in ins_all and label not in rule.internal and (pos, label) not in rule.independent else "R"
 
     in_specs = tuple(tuple(place(t, l, True, i) for l in assign) for i, t in enumerate(rule.inputs))
     out_specs = tuple(tuple(place(t, l, False, j) for l in assign) for j, t in enumerate(rule.outputs))
@@ -118,15 +151,16 @@ def _name(assign: Assignment) -> str:
 
 def _strategy(rule: DimRule, assign: Assignment, axis_sizes: Sequence[int]) -> Strategy:
     ins, outs = specs_for(rule, assign)
-    split = math.prod(n for l, n in zip(assign, axis_sizes) if l is not None and l != PARTIAL)
-    return Strategy(_name(assign), ins, outs, split)
+    split = 1 if rule.whole_compute else math.prod(n for l, n in zip(assign, axis_sizes) if l is not None and l != PARTIAL)
+    reduce = tuple(a for a, l in enumerate(assign) if l in rule.internal and axis_sizes[a] > 1)
+    return Strategy(_name(assign), ins, outs, split, reduce)
 
 
 def enumerate_strategies(rule: DimRule, in_metas: Sequence[TensorMeta], out_metas: Sequence[TensorMeta],
                          axis_sizes: Sequence[int]) -> list[Strategy]:
     """All label choices per mesh axis that divide evenly (a leader's strategy list)."""
     ins, outs = _labels(rule)
-    options: list[Label] = [None] + sorted(outs | (ins & rule.partial), key=_order(rule))
+    options: list[Label] = [None] + sorted(outs | (ins & (rule.partial | rule.internal)), key=_order(rule))
     if rule.passthrough:
         options.append(PARTIAL)
     metas = list(in_metas) + list(out_metas)

@@ -1,4 +1,8 @@
-"""cat / stack and split: the concatenated (split) dim is never split across devices."""
+"""cat / stack and split: the concatenated (split) dim is never split across devices.
+
+``cat`` skips a 1-d empty input beside higher-rank ones, as torch does (an empty KV cache
+``torch.cat([torch.empty(0), new], dim=-2)``): it gets labels of its own rank, never split.
+"""
 from __future__ import annotations
 
 from autoshard.graph import Graph, Node
@@ -14,8 +18,8 @@ def cat(node: Node, graph: Graph) -> DimRule:
     dim = norm_dim(node.args[1] if len(node.args) > 1 and node.args[1] is not None else 0, out.ndim)
     labels = tuple(None if d == dim else l for d, l in enumerate(dims("d", out.ndim)))
     lead = max(range(len(metas)), key=lambda i: (metas[i].numel, node.inputs[i][0]))
-    return DimRule(tuple(labels for _ in metas), (labels,), follower=True, leader=lead,
-                   flops=float(out.numel))
+    in_labels = tuple(labels if m.ndim == out.ndim else (None,) * m.ndim for m in metas)  # legacy empty: skipped
+    return DimRule(in_labels, (labels,), follower=True, leader=lead, flops=float(out.numel))
 
 
 @register("aten.stack")

@@ -28,7 +28,8 @@ NONLINEAR = ("aten.add", "aten.sub", "aten.mul.Tensor", "aten.div.Tensor", "aten
              "aten.fill",
              "aten.add_", "aten.mul_", "aten.copy_", "aten.sub_", "aten.div_",
              "aten.cos", "aten.sin", "aten.fill_")
-LIKE = ("aten.ones_like", "aten.zeros_like", "aten.full_like", "aten.empty_like")  # read only a shape
+LIKE = ("aten.ones_like", "aten.zeros_like", "aten.full_like", "aten.empty_like", "aten.zero_", "aten.zero",
+        "aten.rand_like", "aten.randn_like")  # read only a shape
 SUM = ("aten.add.Tensor", "aten.sub.Tensor")  # overloads: their packets (add.Scalar, add_) stay NONLINEAR
 
 

@@ -12,7 +12,7 @@ from torch.distributed.tensor import distribute_module
 
 import xla_dtensor
 import xla_dtensor.spmd as xs
-from benchmarks.models import GPT2, GPT2Config
+from autoshard.models import GPT2, GPT2Config
 
 torch.manual_seed(0)
 model = GPT2(GPT2Config(vocab=128, n_positions=16, n_embd=64, n_layer=2, n_head=4))

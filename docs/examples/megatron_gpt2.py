@@ -7,8 +7,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import xla_dtensor
-import xla_dtensor.spmd as xs
-from benchmarks.models import GPT2, GPT2Config
+from autoshard.models import GPT2, GPT2Config
 
 torch.manual_seed(0)
 model = GPT2(GPT2Config(vocab=64, n_positions=16, n_embd=32, n_layer=1, n_head=4))
@@ -20,7 +19,7 @@ m = copy.deepcopy(model)
 plan = {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(), "attn.v_proj": ColwiseParallel(),
         "attn.c_proj": RowwiseParallel(), "mlp.c_fc": ColwiseParallel(), "mlp.c_proj": RowwiseParallel()}
 for block in m.h:
-    parallelize_module(block, xs.submesh(dm, "model"), plan)   # torch's own TP API
+    parallelize_module(block, dm["model"], plan)                # torch's own TP API, a sliced xla mesh
 xla_dtensor.distribute_module(m, dm)                            # replicate the rest
 idx_d = xla_dtensor.distribute_tensor(idx, dm, [Shard(0), Replicate()])
 tgt_d = xla_dtensor.distribute_tensor(tgt, dm, [Shard(0), Replicate()])

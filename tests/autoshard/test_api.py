@@ -73,15 +73,21 @@ def test_plan_json_roundtrip_explain_and_cache():
             assert axis in str(ps[p[1]])
 
 
-def test_unknown_op_is_replicated_with_warning():
+def test_unknown_op_runs_whole_with_warning_and_hands_on_slices():
     m = Mesh(range(4), (4,))
+    g = _mlp(64, 64, extra_op="aten.my_custom_op.default")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plan = solve(_mlp(64, 64, extra_op="aten.my_custom_op.default"), m, "tpu-v5e", time_limit=20, cache=False)
+        plan = solve(g, m, "tpu-v5e", time_limit=20, cache=False)
     assert any(issubclass(w.category, UnknownOpWarning) and "my_custom_op" in str(w.message) for w in caught)
-    custom = next(k for k in plan.activations if "my_custom_op" in k)
-    assert plan.activations[custom] == ("R",)
     assert plan.stats["unknown_ops"] == ["aten.my_custom_op.default"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnknownOpWarning)
+        model = build_model(g, topology_for(m, "tpu-v5e"))
+    v = next(n.id for n in g.nodes if n.op == "aten.my_custom_op.default")
+    # its input is gathered and its work is not divided, but its output may be sliced for the next op
+    assert all(s.in_specs == (("R",),) and s.split == 1 for s in model.strategies[v])
+    assert {s.out_specs[0] for s in model.strategies[v]} == {("R",), (("S", 0),), (("S", 1),)}
 
 
 def test_bad_budget_is_rejected():

@@ -96,5 +96,51 @@ def test_unknown_axis_and_device_errors_list_what_exists():
         mesh.axis_index(2)
     with pytest.raises(m.AxisError, match="twice"):
         mesh[("tp", "tp")]
-    with pytest.raises(m.DeviceIdError, match=r"\[8, 9\] are not among JAX's devices"):
-        m.Mesh(range(2, 10), (8,)).jax_mesh()
+    with pytest.raises(m.MeshDevicesError, match=r"\[8, 9\] that JAX does not have"):
+        m.Mesh(range(2, 10), (8,))
+    unchecked = m.Mesh(range(2, 10), (8,), validate=False)   # fails where devices are needed
+    with pytest.raises(m.MeshDevicesError, match=r"\[8, 9\] that JAX does not have"):
+        unchecked.jax_mesh()
+
+
+def test_mesh_checks_its_devices_at_construction():
+    """Issue 24: a mesh naming devices JAX lacks fails where it is built, saying how to get more."""
+    import jax
+
+    n = len(jax.devices())
+    with pytest.raises(m.MeshDevicesError) as info:
+        m.Mesh(range(2 * n), (2, n), ("a", "b"))
+    msg = str(info.value)
+    assert f"names device ids {list(range(n, 2 * n))}" in msg or f"[{n}, {n + 1}, ..., {2 * n - 1}]" in msg
+    assert f"JAX has {n} " in msg and f"XLA_DTENSOR_CPU_DEVICES={2 * n}" in msg and "validate=False" in msg
+    assert issubclass(m.MeshDevicesError, m.DeviceIdError) and issubclass(m.MeshDevicesError, ValueError)
+    from types import SimpleNamespace
+    ids = [SimpleNamespace(id=i) for i in range(2 * n)]
+    with pytest.raises(m.MeshDevicesError, match="HybridMesh"):
+        m.HybridMesh(ici_mesh_shape=(1, n), dcn_mesh_shape=(2, 1), devices=ids, num_granules=2)
+
+
+def test_validate_false_describes_another_machine_for_planning():
+    from types import SimpleNamespace
+
+    big = m.Mesh(range(256), (16, 16), ("data", "model"), validate=False)
+    assert big["model"].size() == 16 and big["model"].get_logical_mesh().tolist() == list(range(16))
+    assert m.topology_for(big, "tpu-v5e").all_reduce(1 << 20, "model") > 0
+    ids = [SimpleNamespace(id=i) for i in range(32)]
+    hm = m.HybridMesh(ici_mesh_shape=(1, 16), dcn_mesh_shape=(2, 1), axis_names=("dcn", "ici"), devices=ids,
+                      num_granules=2, validate=False)
+    assert hm.axis_kinds() == OrderedDict([("dcn", "dcn"), ("ici", "ici")])
+    topo = m.topology_for(hm, "tpu-v5e")   # DCN axis priced slower than ICI
+    assert topo.all_reduce(1 << 24, "dcn") > topo.all_reduce(1 << 24, "ici")
+
+
+def test_autoshard_plans_for_more_devices_than_this_machine(tmp_path):
+    """The planner's other-topology path: 16 chips in 2 slices (DCN), on 8 virtual devices."""
+    from autoshard.__main__ import main
+    from autoshard.plan import Plan
+
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--layers", "1", "--d-model", "32", "--heads", "2", "--vocab", "64", "--seq", "8",
+                 "--batch", "16", "--mesh", "16", "--dcn", "2", "--time-limit", "20", "--quiet",
+                 "--json", str(out)]) == 0
+    assert Plan.from_json(out.read_text()).mesh_shape == (16,)

@@ -132,6 +132,32 @@ def _is_key_leaf(node: Node) -> bool:
     return node.op == DATA and node.key[2] == "key"
 
 
+def _view_chain(n: Node) -> tuple:
+    """A ``view_scatter``'s view chain as plain values: ``(op name, input shape, arguments)`` per step.
+
+    A step that is not a plain op call (an output of a multi-output view) is written as
+    ``("?", (), ())``, which the strategy rule reads as "keep every dim whole".
+    """
+    steps = []
+    for key, index in n.key[1]:
+        if index is not None or not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[1], tuple)
+                                     and key[1] and isinstance(key[1][0], tuple)):
+            steps.append(("?", (), ()))
+            continue
+        op, args = key
+        steps.append((str(op), tuple(int(d) for d in args[0][0]), tuple(_plain_key(a) for a in args[1:])))
+    return tuple(steps)
+
+
+def _plain_key(a: Any) -> Any:
+    """A signature-key argument as a plain value (``(int, 3)`` -> ``3``)."""
+    if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], type):
+        return a[1]
+    if isinstance(a, tuple):
+        return tuple(_plain_key(b) for b in a)
+    return a if a is None or isinstance(a, (bool, int, float, str)) else str(a)
+
+
 def _walk_back(value: Node) -> tuple[Node, tuple[Node, int] | None]:
     """The base of a rebound storage's value and the (first in-place op, input index) reading it."""
     first = None
@@ -261,7 +287,7 @@ class _Builder:
             self.ir_of[(nid, 0)] = n
         elif n.op == "view_scatter":
             old = self._ref(n, 0)
-            nid = self.g.add("view_scatter", (old, self._ref(n, 1)), (_meta(A.out_metas(n)[0]),))
+            nid = self.g.add("view_scatter", (old, self._ref(n, 1)), (_meta(A.out_metas(n)[0]),), _view_chain(n))
             self._new_version(old, (nid, 0))
             self.env[id(n)] = (nid, 0)
         elif str(n.op).startswith("aten._foreach_"):

@@ -2,7 +2,8 @@
 
 ``nonzero`` (and ``torch.where(cond)``, ``argwhere``), ``masked_select`` and indexing
 with a boolean mask (``x[mask]``) need the mask's values to know their output
-shape (``unique`` runs on the host copy of its input). Like torch_xla, the device reads the mask back (``sync`` of what it needs,
+shape (``unique`` runs on the host copy of its input; ``bincount`` reads its input's
+range and ``repeat_interleave(repeats)`` their total, then go on with a static length). Like torch_xla, the device reads the mask back (``sync`` of what it needs,
 counted in ``transfers_to_host``), finds the indices on the host, and continues
 lazily with integer indices. Inside ``xla_dtensor.compile`` such a read makes the
 function run lazily (a ``DataDependentWarning``). Assigning through a boolean mask
@@ -111,7 +112,44 @@ def _on_host(op: Any, args: tuple, kwargs: dict) -> Any:
     return tuple(r.to(x.device) for r in res) if isinstance(res, (tuple, list)) else res.to(x.device)
 
 
+def _bincount(op: Any, args: tuple, kwargs: dict) -> Any:
+    """``bincount``: the input's range read on the host (one read), then a static-length count."""
+    x = args[0]
+    weights = args[1] if len(args) > 1 else kwargs.get("weights")
+    minlength = args[2] if len(args) > 2 else kwargs.get("minlength", 0)
+    if not isinstance(x, LazyTensor) or x.dim() != 1 or x.dtype.is_floating_point or x.dtype.is_complex \
+            or x.dtype == torch.bool:
+        raise RuntimeError(f"bincount only supports 1-d non-negative integral inputs (got {x.dtype} of shape "
+                           f"{list(x.shape)})")
+    if weights is not None and tuple(weights.shape) != tuple(x.shape):
+        raise RuntimeError(f"weights should be 1-d and have the same length as input (input {list(x.shape)}, "
+                           f"weights {list(weights.shape)})")
+    if minlength < 0:
+        raise RuntimeError(f"minlength should be >= 0, got {minlength}")
+    length = minlength
+    if x.numel():
+        lo, hi = to_cpu(aten.stack.default([aten.min.default(x), aten.max.default(x)])).tolist()
+        if lo < 0:
+            raise RuntimeError(f"bincount only supports 1-d non-negative integral inputs (found {lo})")
+        length = max(minlength, hi + 1)
+    return record(op, (x, weights, length), {})
+
+
+def _repeat_interleave(op: Any, args: tuple, kwargs: dict) -> Any:
+    """``repeat_interleave(repeats)``: the total read on the host (one read) unless ``output_size`` is given."""
+    repeats = args[0]
+    if kwargs.get("output_size") is not None or not isinstance(repeats, LazyTensor):
+        return record(op, args, kwargs)
+    if repeats.dim() > 1:
+        raise RuntimeError(f"repeat_interleave only accept 1D vector as repeat (got shape {list(repeats.shape)})")
+    size = int(to_cpu(aten.sum.default(repeats)).item()) if repeats.numel() else 0
+    return record(op, (repeats,), {"output_size": size})
+
+
 SPECIAL.update({
+    aten.bincount.default: _bincount,
+    aten.repeat_interleave.Tensor: _repeat_interleave,
+    aten._unique.default: _on_host,
     aten._unique2.default: _on_host,
     aten.unique_dim.default: _on_host,
     aten.unique_consecutive.default: _on_host,

@@ -5,12 +5,22 @@
 registers a Python device guard and hooks, which autograd needs for a backend without
 C++ parts. ``"xla"`` is not usable: torch reserves it for torch_xla.
 
+Import order: torch's autograd engine sizes its per-device ready queues once, at the
+first ``backward()`` of the process. If one ran before this registration the engine has
+no queue for the ``jax`` device; :func:`check_autograd_engine` finds that out at import
+and sends the importing thread's backward through the caller's queue instead
+(``torch.autograd.set_multithreading_enabled(False)``, torch's documented switch), with an
+:class:`AutogradEngineWarning` saying what other threads need.
+
 Example:
     >>> import torch, xla_dtensor
     >>> torch.zeros(2, device=xla_dtensor.device()).device.type
     'jax'
 """
 from __future__ import annotations
+
+import contextlib
+import warnings
 
 import torch
 
@@ -20,6 +30,10 @@ _registered = False
 
 class DeviceRegistrationError(RuntimeError):
     """PrivateUse1 is already taken by another backend."""
+
+
+class AutogradEngineWarning(UserWarning):
+    """A ``backward()`` ran before the ``jax`` device was registered (see :func:`check_autograd_engine`)."""
 
 
 class _BackendModule:
@@ -64,6 +78,30 @@ class _BackendModule:
         from xla_dtensor.core.executor import wait
         wait()
 
+    # NOTE: one implicit stream (JAX orders the work); torch.distributed.checkpoint's writer asks for it
+    @staticmethod
+    def current_stream(device: object = None) -> _Stream:
+        return _STREAM
+
+    @staticmethod
+    def stream(s: object) -> contextlib.nullcontext:
+        return contextlib.nullcontext()
+
+
+class _Stream:
+    """The device's only stream: waiting on it waits for all dispatched work."""
+
+    device_type = DEVICE_NAME
+
+    def synchronize(self) -> None:
+        _BackendModule.synchronize()
+
+    def wait_stream(self, other: object) -> None:
+        pass
+
+
+_STREAM = _Stream()
+
 
 def register() -> None:
     """Rename PrivateUse1 to ``jax`` once per process.
@@ -85,6 +123,86 @@ def register() -> None:
         raise DeviceRegistrationError(f"torch {torch.__version__} lacks the Python PrivateUse1 backend path")
     setup(DEVICE_NAME, backend_module=_BackendModule())
     _registered = True
+    check_autograd_engine()
+
+
+_QUEUE_ASSERT = "device_ready_queues_"  # torch's internal assert when a device has no queue
+
+
+class _Probe(torch.Tensor):
+    """A data-less tensor on the jax device: the engine only reads its metadata."""
+
+    @staticmethod
+    def __new__(cls) -> "_Probe":
+        return torch.Tensor._make_wrapper_subclass(cls, (), device=torch.device(DEVICE_NAME, 0))
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        raise RuntimeError(f"the autograd engine probe ran an op: {func}")
+
+
+class _ProbeFn(torch.autograd.Function):
+    """One backward node whose incoming gradient lives on the jax device."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        return _Probe()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> None:  # noqa: ANN001
+        return None
+
+
+def _engine_has_queue() -> bool:
+    """Run one backward node queued on the jax device (no op, no JAX; < 1 ms)."""
+    out = _ProbeFn.apply(torch.zeros((), requires_grad=True))
+    try:  # the engine directly: torch.autograd.backward would import sympy first
+        torch.autograd.Variable._execution_engine.run_backward(
+            (out,), (_Probe(),), False, False, (), True, True)
+    except RuntimeError as err:
+        if _QUEUE_ASSERT not in str(err):
+            raise
+        return False
+    return True
+
+
+def check_autograd_engine() -> bool:
+    """Make ``backward()`` on the jax device work whatever ran before ``import xla_dtensor``.
+
+    torch's autograd engine creates one ready queue per accelerator index at the first
+    backward of the process. When that happened before the ``jax`` device existed (a CPU
+    reference computed first, ``autoshard.trace_training_step``, a notebook cell), the
+    first backward on the device would die on an internal assert. If the probe finds no
+    queue, this thread's backward runs on the calling thread's queue
+    (``torch.autograd.set_multithreading_enabled(False)``) and an
+    :class:`AutogradEngineWarning` names the cause and what other threads must do.
+    If the engine has no queue yet, the probe starts it with one for the device.
+
+    Returns:
+        True if the engine already had a queue for the device.
+
+    Raises:
+        DeviceRegistrationError: backward on the device cannot work even on this thread.
+
+    Example:
+        >>> check_autograd_engine()
+        True
+    """
+    if _engine_has_queue():
+        return True
+    torch.autograd.set_multithreading_enabled(False)
+    if not _engine_has_queue():  # pragma: no cover - a torch whose engine ignores the switch
+        raise DeviceRegistrationError(
+            "a backward() ran before `import xla_dtensor`, so torch's autograd engine has no "
+            f"queue for the {DEVICE_NAME!r} device; import xla_dtensor before the first backward")
+    warnings.warn(
+        "a backward() ran before `import xla_dtensor`: torch's autograd engine sized its "
+        f"per-device queues without the {DEVICE_NAME!r} device. Backward on the device now runs "
+        "on this thread itself (torch.autograd.set_multithreading_enabled(False) here). In any "
+        "other thread wrap backward in `with torch.autograd.set_multithreading_enabled(False):`; "
+        "or import xla_dtensor before the first backward of the process",
+        AutogradEngineWarning, stacklevel=2)
+    return False
 
 
 def device(index: int = 0) -> torch.device:

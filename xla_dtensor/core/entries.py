@@ -16,6 +16,7 @@ from xla_dtensor import metrics
 from xla_dtensor.config import config
 from xla_dtensor.core.dtypes import to_jax
 from xla_dtensor.core.signature import OpInfo, Slot, fill, template
+from xla_dtensor.core.source import user_frame
 from xla_dtensor.core.tensor import LazyTensor
 from xla_dtensor.ops.registry import get_lowering
 
@@ -24,6 +25,10 @@ FN, VIEW, INPLACE, FALLBACK = "fn", "view", "inplace", "fallback"
 
 class LoweringMismatchError(RuntimeError):
     """A lowering's output shape disagrees with torch's meta kernel."""
+
+
+class DataDependentShapeError(NotImplementedError):
+    """An op whose output shape depends on tensor values, without a host-read path on the device."""
 
 
 class Entry:
@@ -62,11 +67,18 @@ def _meta_of(t: Any) -> tuple | None:
     return (tuple(t.shape), t.dtype, tuple(t.stride()))
 
 
+# NOTE: meta kernels that reject inputs torch's CPU kernel accepts (``_grouped_mm``'s
+# wants bf16; CPU takes float32): the lowering's own shapes and checks stand in.
+_META_REJECTS_CPU_INPUTS = frozenset({torch.ops.aten._grouped_mm.default})
+
+
 def run_meta(op: Any, args: tuple, kwargs: dict) -> Any:
-    """``op`` on meta copies of the arguments; ``NotImplemented`` if it has no meta kernel.
+    """``op`` on meta copies of the arguments; ``NotImplemented`` if it has no (usable) meta kernel.
 
     Errors torch raises for bad input (shapes, dtypes) propagate unchanged.
     """
+    if op in _META_REJECTS_CPU_INPUTS:
+        return NotImplemented
     margs = tuple(_meta(a) for a in args)
     mkwargs = {k: _meta(v) for k, v in kwargs.items()}
     try:
@@ -75,7 +87,17 @@ def run_meta(op: Any, args: tuple, kwargs: dict) -> Any:
         return NotImplemented
     except Exception as meta_error:
         _raise_cpu_error(op, args, kwargs, meta_error)
+        if torch.Tag.dynamic_output_shape in op.tags:
+            raise _data_dependent_error(op) from meta_error
         raise
+
+
+def _data_dependent_error(op: Any) -> DataDependentShapeError:
+    return DataDependentShapeError(
+        f"{op} has an output shape that depends on tensor values, which one XLA program cannot have, and the "
+        f"jax device has no host-read path for this call (at {user_frame()}). Ops read on the host instead: "
+        "nonzero, argwhere, masked_select, x[mask], unique, bincount, repeat_interleave; give the size where "
+        "torch allows it (output_size=, nonzero_static) or set xla_dtensor.config.cpu_fallback = True")
 
 
 def _host(a: Any) -> Any:
@@ -277,6 +299,8 @@ def _no_lowering(op: Any, args: tuple, kwargs: dict, key: tuple) -> Entry:
     if config.cpu_fallback:
         e = Entry(op, key, FALLBACK)
         return e
+    if torch.Tag.dynamic_output_shape in op.tags:
+        raise _data_dependent_error(op)
     raise missing_lowering_error(op, args, kwargs)
 
 
@@ -290,5 +314,5 @@ def missing_lowering_error(op: Any, args: tuple, kwargs: dict) -> NotImplemented
         return repr(a)
     shown = ", ".join([desc(a) for a in args] + [f"{k}={desc(v)}" for k, v in kwargs.items()])
     return NotImplementedError(
-        f"aten op {op} has no lowering to JAX on the jax device (called with {shown}); "
+        f"aten op {op} has no lowering to JAX on the jax device (called with {shown} at {user_frame()}); "
         f"set xla_dtensor.config.cpu_fallback = True to run it on CPU")

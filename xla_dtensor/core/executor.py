@@ -17,8 +17,10 @@ import torch
 
 from xla_dtensor import metrics
 from xla_dtensor.config import config
+from xla_dtensor.core import index_checks
 from xla_dtensor.core.dtypes import to_jax
 from xla_dtensor.core.ir import DATA, Node, data_leaf
+from xla_dtensor.core.peer_errors import guard
 from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
 
 _CACHE: collections.OrderedDict[Any, Any] = collections.OrderedDict()
@@ -211,6 +213,7 @@ def layout(roots: list[Node], donate: set[int] | None = None, partners: list[int
     return plan, order, donate_idx, key
 
 
+@guard
 def execute(roots: list[Node], donate: set[int] | None = None, partners: list[int | None] | None = None,
             plan: Plan | None = None) -> list[Any]:
     """Compute ``roots``; returns their arrays.
@@ -280,15 +283,16 @@ def sync(wait: bool = False, *, pre_hooks: bool = True) -> None:
             held.add(id(v))
         else:
             pending.append(s)
-    if not pending:
+    checks = index_checks.runnable(index_checks.take()) if index_checks.PENDING else []
+    if not pending and not checks:
         return
     pending.sort(key=_seq)
     for hook in PRE_SYNC if pre_hooks else ():
         hook(pending)
-    roots = [s.value for s in pending]
+    roots = [s.value for s in pending] + [c.node for c in checks]
     plan = _plan(roots)  # NOTE: one walk of the graph, shared with execute (a second one cost ~10% of a sync)
     donate = {id(n) for n in plan.leaves if n.op == DATA and id(n) not in held and isinstance(n.data, jax.Array)}
-    arrays = execute(roots, donate, [s.donor for s in pending], plan)
+    arrays = execute(roots, donate, [s.donor for s in pending] + [None] * len(checks), plan)
     for s, arr in zip(pending, arrays):
         s.value = data_leaf(arr, s.meta[0], s.meta[1])
         s.version += 1
@@ -296,6 +300,7 @@ def sync(wait: bool = False, *, pre_hooks: bool = True) -> None:
         hook(pending)
     if wait:
         jax.block_until_ready(arrays)
+    index_checks.verify(checks, arrays[len(pending):])
 
 
 def _seq(s: Storage) -> int:
@@ -305,6 +310,7 @@ def _seq(s: Storage) -> int:
 mark_step = sync
 
 
+@guard
 def wait() -> None:
     """Block until every computation launched so far has finished."""
     arrays = [s.value.data for s in list(LIVE) if s.value.fn is None and isinstance(s.value.data, jax.Array)]
@@ -312,18 +318,23 @@ def wait() -> None:
 
 
 def materialize(t: LazyTensor) -> Any:
-    """The array of ``t``'s current value, computing only what it needs."""
+    """The array of ``t``'s current value, computing only what it needs (and pending index checks)."""
+    checks = index_checks.runnable(index_checks.take()) if index_checks.PENDING else []
     v = value_of(t)
     if v.fn is None:
+        if checks:
+            index_checks.verify(checks, execute([c.node for c in checks]))
         return v.data
-    arr = execute([v])[0]
+    arr, *checked = execute([v] + [c.node for c in checks])
     if not t._chain and not any(keep(t._storage) for keep in KEEP_PENDING):
         # NOTE: a view keeps its pending value: a cached leaf could be donated later
         t._storage.value = data_leaf(arr, t._meta[0], t._meta[1])
         t._storage.version += 1
+    index_checks.verify(checks, checked)
     return arr
 
 
+@guard
 def to_cpu(t: LazyTensor) -> torch.Tensor:
     """A CPU copy of ``t`` (a host transfer)."""
     arr = materialize(t)

@@ -99,6 +99,20 @@ class LazyTensor(torch.Tensor):
         from xla_dtensor.core.executor import to_cpu
         return (_rebuild_from_cpu, (to_cpu(self.detach()), self.requires_grad))
 
+    # NOTE: torch.distributed.checkpoint's tensor protocol (DTensor's too): save and load shard by
+    # shard in the tensor's own layout; see xla_dtensor.checkpoint.hooks
+    def __create_write_items__(self, fqn: str, obj: Any) -> list:
+        from xla_dtensor.checkpoint import hooks
+        return hooks.write_items(fqn, self)
+
+    def __create_chunk_list__(self) -> list:
+        from xla_dtensor.checkpoint import hooks
+        return hooks.chunk_list(self)
+
+    def __get_tensor_shard__(self, index: Any) -> torch.Tensor:
+        from xla_dtensor.checkpoint import hooks
+        return hooks.tensor_shard(self, index)
+
 
 def _use_foreach_optimizers(cls: type) -> None:
     """Make torch's optimizers pick their multi-tensor (``_foreach_*``) implementation for ``cls``.

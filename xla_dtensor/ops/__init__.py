@@ -9,7 +9,7 @@ Example:
 from __future__ import annotations
 
 from xla_dtensor.ops import (  # noqa: F401  (registration happens on import; order matters for foreach)
-    activation, attention, binary, cast, conv, creation, elementwise, indexing, matmul, nn, optim, random,
+    activation, attention, binary, cast, complex, conv, counting, creation, elementwise, indexing, matmul, nn, optim, random,
     reduction, shape, sort,
 )
 from xla_dtensor.ops import foreach  # noqa: F401,E402  (after the elementwise families it loops over)

@@ -58,8 +58,7 @@ def _copy(self: jax.Array, src: jax.Array, non_blocking: bool = False) -> jax.Ar
     return jnp.broadcast_to(convert(src, torch_dtype(self)), self.shape)
 
 
-@lowering(aten.clone.default, aten.contiguous.default, aten.resolve_conj.default, aten.resolve_neg.default,
-          aten._conj.default, aten.conj.default)
+@lowering(aten.clone.default, aten.contiguous.default, aten.resolve_conj.default, aten.resolve_neg.default)
 def _clone(x: jax.Array, *, memory_format: Any = None) -> jax.Array:
     return x
 

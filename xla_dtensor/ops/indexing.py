@@ -249,3 +249,10 @@ def _nonzero(x: jax.Array) -> jax.Array:
         raise NotImplementedError(f"nonzero on a traced tensor of shape {x.shape}: the result shape is data-dependent")
     return jnp.stack(jnp.nonzero(x), axis=1).astype(jnp.int64) if x.ndim else \
         jnp.zeros((int(x != 0), 0), jnp.int64)
+
+
+@lowering(aten.nonzero_static.default)
+def _nonzero_static(x: jax.Array, *, size: int, fill_value: int = -1) -> jax.Array:
+    if x.ndim == 0:
+        return jnp.full((size, 0), fill_value, jnp.int64)
+    return jnp.stack(jnp.nonzero(x, size=size, fill_value=fill_value), axis=1).astype(jnp.int64)

@@ -1,4 +1,4 @@
-"""Matrix product lowerings: mm, bmm, addmm, baddbmm, addbmm, mv, addmv, dot, outer products.
+"""Matrix product lowerings: mm, bmm, addmm, baddbmm, addbmm, mv, addmv, dot, outer products, grouped mm.
 
 Half-precision products accumulate in float32 (``preferred_element_type``) and round
 once, as torch's CPU/CUDA kernels do. ``PRECISION`` is handed to XLA (``None``: JAX's
@@ -138,3 +138,46 @@ def _addmm_activation(bias: jax.Array, a: jax.Array, b: jax.Array, *, beta: Any 
                       use_gelu: bool = False) -> jax.Array:
     out = _addmm(bias, a, b, beta=beta, alpha=alpha)
     return jax.nn.gelu(out, approximate=False) if use_gelu else jax.nn.relu(out)
+
+
+def _group_sizes(offs: jax.Array) -> jax.Array:
+    """Group sizes from torch's cumulative ``offs`` (group ``i`` ends at ``offs[i]``)."""
+    o = offs.astype(jnp.int32)
+    return jnp.diff(o, prepend=jnp.zeros((1,), jnp.int32))
+
+
+def _ragged(a: jax.Array, b: jax.Array, sizes: jax.Array, dims: tuple, lhs_ragged: int, rhs_group: list[int],
+            acc: Any) -> jax.Array:
+    nums = jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=dims, lhs_ragged_dimensions=[lhs_ragged],
+                                             rhs_group_dimensions=rhs_group)
+    return jax.lax.ragged_dot_general(a, b, sizes, nums, precision=PRECISION, preferred_element_type=acc)
+
+
+@lowering(aten._grouped_mm.default)
+def _grouped_mm(a: jax.Array, b: jax.Array, offs: jax.Array | None = None, bias: jax.Array | None = None,
+                out_dtype: torch.dtype | None = None) -> jax.Array:
+    """torch's grouped matmul (MoE experts) as XLA's ragged dot.
+
+    ``offs`` (cumulative group ends) splits: 2d x 3d, the rows of ``a`` (group ``i`` uses
+    ``b[i]``; output ``(M, N)``); 2d x 2d, the shared ``K`` (output ``(G, M, N)``, the
+    expert-weight gradient); 3d x 2d, the columns of ``b`` (output ``(M, N)``). Without
+    ``offs`` both are 3d: a batched matmul. Rows (columns, groups) past ``offs[-1]`` are
+    zeros (torch leaves them unwritten).
+    """
+    if bias is not None:
+        raise RuntimeError("_grouped_mm: bias is not supported (torch's kernels raise 'Bias not supported yet')")
+    dt = _check_same("_grouped_mm", a, b)
+    acc = _acc(dt)
+    if offs is None:
+        out = jnp.matmul(a, b, precision=PRECISION, preferred_element_type=acc)
+    else:
+        sizes = _group_sizes(offs)
+        if a.ndim == 2 and b.ndim == 3:
+            out = _ragged(a, b, sizes, (([1], [1]), ([], [])), 0, [0], acc)
+        elif a.ndim == 2 and b.ndim == 2:
+            out = _ragged(a, b, sizes, (([1], [0]), ([], [])), 1, [], acc)
+        elif a.ndim == 3 and b.ndim == 2:  # out.T = b.T (ragged rows) x a.T per group
+            out = _ragged(b.T, jnp.swapaxes(a, 1, 2), sizes, (([1], [1]), ([], [])), 0, [0], acc).T
+        else:
+            raise ValueError(f"_grouped_mm: operands of rank 2 or 3 with offs, got shapes {a.shape} and {b.shape}")
+    return out.astype(to_jax(out_dtype or dt))

@@ -118,9 +118,9 @@ class ShardingSpec:
         Axes of the root mesh that the sub-mesh lacks hold replicas, which is what a
         placement on a DTensor sub-mesh means.
         """
-        root, axes = self.mesh.root, self.mesh.root_axes
-        return ShardingSpec(root, tuple(tuple(axes[a] for a in d) for d in self.dim_axes),
-                            tuple((axes[a], op) for a, op in self.partial))
+        root, groups = self.mesh.root, self.mesh.root_axis_groups
+        return ShardingSpec(root, tuple(tuple(r for a in d for r in groups[a]) for d in self.dim_axes),
+                            tuple((r, op) for a, op in self.partial for r in groups[a]))
 
     @staticmethod
     def replicated(mesh: Mesh, ndim: int) -> ShardingSpec:

@@ -31,6 +31,7 @@ from xla_dtensor.spmd.errors import (
 )
 from xla_dtensor.spmd.gradients import mark_sharding_with_gradients
 from xla_dtensor.spmd.module import constrain_activation, distribute_module
+from xla_dtensor.spmd.parallelize import PlanError, parallelize_module
 from xla_dtensor.spmd.runtime import get_1d_mesh, use_spmd
 from xla_dtensor.spmd.sharded_tensor import XLAShard, XLAShardedTensor
 from xla_dtensor.spmd.inspect import last_compiled_hlo, to_host, visualize_tensor_sharding
@@ -39,8 +40,8 @@ install_hooks()
 
 __all__ = [
     "AUTO", "AlreadyDistributedError", "AutoPolicy", "auto_stats", "last_plan", "DependencyImportError", "HybridMesh", "Mesh", "MeshDevicesError",
-    "NotShardableError", "ShardingSpec", "XLAShard", "XLAShardedTensor", "as_mesh", "clear_sharding",
+    "NotShardableError", "PlanError", "ShardingSpec", "XLAShard", "XLAShardedTensor", "as_mesh", "clear_sharding",
     "constrain_activation", "distribute_module", "distribute_tensor", "get_1d_mesh", "get_hlo_sharding",
     "get_spec", "init_device_mesh", "last_compiled_hlo", "mark_sharding",
-    "mark_sharding_with_gradients", "submesh", "to_host", "use_spmd", "visualize_tensor_sharding",
+    "mark_sharding_with_gradients", "parallelize_module", "submesh", "to_host", "use_spmd", "visualize_tensor_sharding",
 ]

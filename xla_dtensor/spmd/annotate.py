@@ -31,13 +31,14 @@ from xla_dtensor.spmd.errors import MeshDevicesError, NotShardableError
 _STICKY: weakref.WeakKeyDictionary[Storage, ShardingSpec] = weakref.WeakKeyDictionary()
 _VIEW_SPECS: dict[int, tuple[weakref.ref, ShardingSpec, int]] = {}
 _REPADDED: list[tuple[Storage, tuple, Any]] = []
-_SUBMESHES: dict[int, tuple[weakref.ref, Mesh]] = {}  # id(torch sub DeviceMesh) -> our sub-mesh
+_FROM_TORCH: dict[Any, Mesh] = {}  # (torch DeviceMesh, its root) -> our Mesh; both hash by value
 
 
 def submesh(device_mesh: Any, axes: str | Sequence[str]) -> Any:
-    """``device_mesh[axes]`` for an ``"xla"`` torch ``DeviceMesh`` (torch cannot slice one
-    without process groups). The result is a torch ``DeviceMesh`` that remembers its root,
-    so placements on it mean "replicated along the root's other axes", as in DTensor.
+    """``device_mesh[axes]``: kept as an alias now that ``device_mesh["tp"]`` works on an
+    ``"xla"`` mesh (``import xla_dtensor`` teaches torch to slice one without process
+    groups). The result remembers its root, so placements on it mean "replicated along
+    the root's other axes", as in DTensor. A :class:`mesh.Mesh` is sliced the same way.
 
     Example:
         >>> from torch.distributed.device_mesh import DeviceMesh
@@ -45,16 +46,16 @@ def submesh(device_mesh: Any, axes: str | Sequence[str]) -> Any:
         >>> submesh(dm, "tp").mesh.tolist()
         [0, 1, 2, 3]
     """
-    from torch.distributed.device_mesh import DeviceMesh
-    sub = as_mesh(device_mesh)[axes]
-    dm = DeviceMesh("xla", sub.get_logical_mesh().tolist(), mesh_dim_names=sub.axis_names)
-    key = id(dm)
-    _SUBMESHES[key] = (weakref.ref(dm, lambda _r: _SUBMESHES.pop(key, None)), sub)
-    return dm
+    names = (axes,) if isinstance(axes, str) else tuple(axes)
+    if isinstance(device_mesh, Mesh):
+        return device_mesh[names]
+    from xla_dtensor._torch_hook import slice_xla_mesh
+    return slice_xla_mesh(device_mesh, names)
 
 
 def as_mesh(device_mesh: Any) -> Mesh:
-    """A :class:`mesh.Mesh` from a Mesh, a torch ``DeviceMesh("xla", ...)`` or ``None`` (global).
+    """A :class:`mesh.Mesh` from a Mesh, a torch ``DeviceMesh("xla", ...)`` (sliced or
+    flattened ones included) or ``None`` (global).
 
     Raises:
         MeshDevicesError: the mesh names device ids JAX does not have.
@@ -63,14 +64,20 @@ def as_mesh(device_mesh: Any) -> Mesh:
         device_mesh = get_global_mesh()
         if device_mesh is None:
             raise NotShardableError("no mesh given and no global mesh set (mesh.set_global_mesh)")
-    entry = _SUBMESHES.get(id(device_mesh))
     if isinstance(device_mesh, Mesh):
-        m = device_mesh
-    elif entry is not None and entry[0]() is device_mesh:
-        m = entry[1]
-    else:
+        check_devices(device_mesh)
+        return device_mesh
+    root = getattr(device_mesh, "_root_mesh", None)
+    key = (device_mesh, None if root is None else (root, root.mesh_dim_names))  # torch's == ignores the root
+    try:
+        m = _FROM_TORCH.get(key)
+    except TypeError:  # not hashable: not a DeviceMesh; from_torch says so
+        key, m = None, None
+    if m is None:
         m = from_torch(device_mesh)
-    check_devices(m)
+        check_devices(m)
+        if key is not None:
+            _FROM_TORCH[key] = m
     return m
 
 

@@ -37,8 +37,9 @@ def distribute_tensor(tensor: torch.Tensor, device_mesh: Any = None,
 
     A CPU tensor is sent shard by shard (each device gets only its slice); a tensor on
     the jax device is resharded. Uneven dims are padded internally; the result keeps the
-    logical shape. ``Partial`` placements are pending reductions of a value that is
-    already whole here, so they are materialized: those mesh axes hold replicas.
+    logical shape. ``Partial`` placements: ``tensor`` is the global (reduced) value, as in
+    torch; those mesh axes hold replicas and ``.placements`` reports the ``Partial``
+    until the tensor is redistributed or written in place.
 
     Args:
         tensor: a CPU or jax-device tensor (the global value).
@@ -75,7 +76,7 @@ def distribute_tensor(tensor: torch.Tensor, device_mesh: Any = None,
         meta = (shape, dtype, _contiguous(shape))
     out = new_tensor(meta, value)
     A._STICKY[out._storage] = spec.reduced()
-    res = _wrap_plain(out)
+    res = _wrap_plain(out)._record(spec, device_mesh)
     return res.requires_grad_(tensor.requires_grad) if tensor.requires_grad else res
 
 

@@ -118,7 +118,7 @@ class _Scope:
     policy: AutoPolicy
     hints: dict[str, ShardingSpec]
     owner: Any = None                       # weakref to the module (or the optimizer, use_spmd(auto=True))
-    inputs: list[LazyTensor] = field(default_factory=list)
+    inputs: dict[str, LazyTensor] = field(default_factory=dict)  # "input:{i}" / "input:{keyword}" -> batch tensor
     optimizers: list[weakref.ref] = field(default_factory=list)
     plan: Any = None
     warned_no_grads: bool = False
@@ -172,7 +172,7 @@ def prepare_module(module: nn.Module, m: Mesh, policy: AutoPolicy) -> None:
     owner = weakref.ref(module)  # NOTE: no strong reference: a dropped module drops its scope
     scope = _Scope(lambda: owner().named_parameters() if owner() is not None else iter(()), m, policy, hints,
                    owner=owner, is_module=True)
-    module.register_forward_pre_hook(_forward_hook(scope))
+    module.register_forward_pre_hook(_forward_hook(scope), with_kwargs=True)
     _register(scope)
 
 
@@ -270,12 +270,15 @@ def disable_global() -> None:
 
 # -- the forward hook: remember the batch, later constrain it --------------------------
 def _forward_hook(scope: _Scope) -> Callable[..., Any]:
-    def hook(mod: nn.Module, args: tuple) -> tuple | None:
+    """Positional tensor inputs are ``input:{i}``, keyword ones ``input:{name}`` (HF's ``input_ids``, ``labels``)."""
+    def hook(mod: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
+        named = [(f"input:{i}", a) for i, a in enumerate(args)] + [(f"input:{k}", v) for k, v in kwargs.items()]
         if scope.plan is None:
             if scope in _WAITING:
-                scope.inputs = [a for a in args if isinstance(a, LazyTensor)]
+                scope.inputs = {k: v for k, v in named if isinstance(v, LazyTensor)}
             return None
-        return tuple(_constrain_input(scope, f"input:{i}", a) for i, a in enumerate(args))
+        new_args = tuple(_constrain_input(scope, f"input:{i}", a) for i, a in enumerate(args))
+        return new_args, {k: _constrain_input(scope, f"input:{k}", v) for k, v in kwargs.items()}
     return hook
 
 
@@ -357,7 +360,7 @@ def _plan_scope(scope: _Scope, params: list[tuple[str, torch.Tensor]], pending: 
     opt = next((r() for r in reversed(scope.optimizers) if r() is not None), None)
     holder = _Holder(params)
     pstore, state = step_roles(holder, opt)
-    inputs = {t._storage: f"input:{i}" for i, t in enumerate(scope.inputs)} if scope.is_module else None
+    inputs = {t._storage: k for k, t in scope.inputs.items()} if scope.is_module else None
     name = type(scope.owner()).__name__ if scope.is_module else "step"
     graph, ir_of = graph_from_ir_with_nodes(pending, params=pstore, opt_state=state, inputs=inputs, name=name)
     if not graph.grads:
@@ -418,7 +421,7 @@ def _apply(scope: _Scope, plan: Any, params: list[tuple[str, torch.Tensor]], opt
         spec = plan.placements.get(name)
         if spec is not None and t.dim() > 0:
             A.apply_spec(t, _from_autoshard(m, spec, t.dim()))
-    scope.plan, scope.inputs = plan, []
+    scope.plan, scope.inputs = plan, {}
     _DONE.append(scope)
     _LAST["plan"] = plan
     if scope.is_module and scope.owner() is not None:
@@ -433,5 +436,5 @@ def _fallback(scope: _Scope, params: list[tuple[str, torch.Tensor]]) -> None:
     for name, p in params:
         if isinstance(p, LazyTensor) and name not in scope.hints and p.dim() > 0:
             A.apply_spec(p, ShardingSpec.replicated(scope.mesh, p.dim()))
-    scope.inputs = []
+    scope.inputs = {}
     _DONE.append(scope)

@@ -1,11 +1,8 @@
 """Exceptions of :mod:`xla_dtensor.spmd`; every message shows the bad value and what is allowed."""
 from __future__ import annotations
 
+from mesh.errors import MeshDevicesError  # a mesh names devices JAX does not have, or a reshard changes the device set
 from xla_dtensor.sharding.errors import ShardingError
-
-
-class MeshDevicesError(ShardingError):
-    """A mesh names devices JAX does not have, or a reshard changes the device set."""
 
 
 class NotShardableError(ShardingError, TypeError):
@@ -22,3 +19,6 @@ class DependencyImportError(RuntimeError):
     torch wraps every ``ImportError`` from the xla hook into "install torch_xla"; this
     type carries the original message instead (the original is the ``__cause__``).
     """
+
+
+__all__ = ["AlreadyDistributedError", "DependencyImportError", "MeshDevicesError", "NotShardableError"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from xla_dtensor.core.peer_errors import guard
 from xla_dtensor.core.tensor import LazyTensor
 from xla_dtensor.spmd import annotate as A
 
@@ -43,6 +44,7 @@ def last_compiled_hlo() -> str:
     return executor.last_executable().as_text()
 
 
+@guard
 def to_host(t: LazyTensor) -> "np.ndarray":
     """The whole value of ``t`` as a numpy array, also when other processes hold parts of it.
 

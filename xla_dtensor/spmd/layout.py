@@ -156,4 +156,5 @@ def _numpy(host: torch.Tensor) -> np.ndarray:
     c = host.detach().cpu()
     if c.dtype == torch.bfloat16:
         return c.float().numpy().astype(to_jax(torch.bfloat16))
-    return np.ascontiguousarray(c.resolve_conj().resolve_neg().numpy())
+    # NOTE: not np.ascontiguousarray, which turns a 0-d array (BatchNorm's num_batches_tracked) into shape (1,)
+    return np.asarray(c.resolve_conj().resolve_neg().contiguous().numpy()).reshape(tuple(host.shape))

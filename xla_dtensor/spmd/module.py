@@ -3,33 +3,27 @@
 Semantics (torch's, single-controller): every submodule is passed to
 ``partition_fn(name, submodule, mesh)``; parameters and buffers it did not distribute
 are replicated; ``input_fn(module, inputs, mesh)`` / ``output_fn(module, outputs,
-mesh)`` become forward pre-/post-hooks. Activations stay global tensors.
-
-torch's ``ColwiseParallel`` / ``RowwiseParallel`` hand ``distribute_module`` input and
-output functions that build DTensors from *local* shards (``DTensor.from_local``).
-Under SPMD there are no local shards, so those two functions are recognised and replaced
-by sharding constraints on the global activations (the layout they ask for). The model
-code needs no change for tensor parallelism (no per-rank head counts).
+mesh)`` become forward pre-/post-hooks. Activations stay global tensors, so model code
+needs no change for tensor parallelism (no per-rank head counts). How torch's parallel
+styles run here: :mod:`xla_dtensor.spmd.styles`.
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import warnings
 from typing import Any, Callable
 
-import jax
-import torch
 from torch import nn
 
 from mesh import Mesh
-from xla_dtensor.core.tensor import LazyTensor, new_tensor, value_of
-from xla_dtensor.sharding import ShardingSpec
+from xla_dtensor.sharding import ShardingError
 from xla_dtensor.spmd import annotate as A
-from xla_dtensor.spmd import layout as L
 from xla_dtensor.spmd.api import distribute_tensor
 from xla_dtensor.spmd.errors import AlreadyDistributedError
 from xla_dtensor.spmd.sharded_tensor import XLAShardedTensor
+from xla_dtensor.spmd.styles import constrain_activation, translate
+
+__all__ = ["AUTO", "constrain_activation", "distribute_module"]
 
 AUTO = "AUTO"
 
@@ -79,13 +73,22 @@ def distribute_module(module: nn.Module, device_mesh: Any = None,
         partition_fn = None
     if partition_fn is not None:
         call = _partition_caller(partition_fn)
-        for name, sub in list(module.named_modules()):
-            call(name, sub, mesh_arg)
+        saved = _tensors_of(module)
+        name = ""
+        try:
+            for name, sub in list(module.named_modules()):
+                call(name, sub, mesh_arg)
+        except BaseException as e:
+            _restore(saved)  # NOTE: a failing partition_fn leaves the module as it was
+            if isinstance(e, ShardingError) and len(e.args) == 1:
+                where = f"{type(module).__name__}" + (f".{name}" if name else "")
+                raise type(e)(f"distribute_module: partition_fn on {where}: {e}") from e
+            raise
     _replicate_rest(module, m)
     if input_fn is not None:
-        _install_input_fn(module, _translate(input_fn), mesh_arg)
+        _install_input_fn(module, translate(input_fn), mesh_arg)
     if output_fn is not None:
-        _install_output_fn(module, _translate(output_fn), mesh_arg)
+        _install_output_fn(module, translate(output_fn), mesh_arg)
     module._distribute_module_applied = True  # type: ignore[assignment]
     return module
 
@@ -106,6 +109,17 @@ def _partition_caller(fn: Callable[..., None]) -> Callable[[str, nn.Module, Any]
                       "(name, module, device_mesh)", DeprecationWarning, stacklevel=3)
         return lambda name, sub, mesh: fn(name, sub)
     return fn
+
+
+def _tensors_of(module: nn.Module) -> list[tuple[dict, dict]]:
+    return [(sub._parameters, dict(sub._parameters)) for sub in module.modules()] + \
+           [(sub._buffers, dict(sub._buffers)) for sub in module.modules()]
+
+
+def _restore(saved: list[tuple[dict, dict]]) -> None:
+    for store, before in saved:
+        store.clear()
+        store.update(before)
 
 
 def _replicate_rest(module: nn.Module, m: Mesh) -> None:
@@ -140,62 +154,3 @@ def _install_output_fn(module: nn.Module, fn: Callable[..., Any], mesh: Any) -> 
         module.register_forward_hook(lambda mod, inputs, outputs: fn(outputs, mesh))
     else:
         module.register_forward_hook(lambda mod, inputs, outputs: fn(mod, outputs, mesh))
-
-
-# -- torch tensor-parallel styles ---------------------------------------------------------
-def _translate(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Replace torch's Colwise/Rowwise input/output functions by SPMD constraints."""
-    if not isinstance(fn, functools.partial):
-        return fn
-    qual = getattr(fn.func, "__qualname__", "")
-    owner = qual.rsplit(".", 1)[0]
-    if owner not in ("ColwiseParallel", "RowwiseParallel"):
-        return fn
-    if qual.endswith("._prepare_input_fn") and len(fn.args) == 2:
-        desired = fn.args[1]
-        return lambda mod, inputs, mesh: _constrain_first(inputs, mesh, desired)
-    if qual.endswith("._prepare_output_fn") and len(fn.args) == 2:
-        layouts, use_local = fn.args
-        return lambda mod, outputs, mesh: _constrain_output(outputs, mesh, layouts, use_local)
-    return fn
-
-
-def _constrain_first(inputs: tuple, mesh: Any, placements: Any) -> tuple:
-    if not inputs or not isinstance(inputs[0], LazyTensor):
-        return inputs
-    return (constrain_activation(inputs[0], mesh, placements),) + tuple(inputs[1:])
-
-
-def _constrain_output(outputs: Any, mesh: Any, placements: Any, use_local: bool) -> Any:
-    if not isinstance(outputs, LazyTensor):
-        return outputs
-    out = constrain_activation(outputs, mesh, placements)
-    return out if use_local else XLAShardedTensor.wrap(out)
-
-
-def constrain_activation(x: LazyTensor, mesh: Any, placements: Any) -> LazyTensor:
-    """``x`` (differentiably) constrained to ``placements`` on ``mesh``.
-
-    On a sub-mesh (``mesh["tp"]``) the dims the placements leave whole are left to the
-    partitioner (``PartitionSpec.UNCONSTRAINED``), so the other mesh axes (say a batch
-    split on ``"dp"``) keep what propagation gives them.
-    """
-    m = A.as_mesh(mesh)
-    placements = placements if isinstance(placements, (list, tuple)) else (placements,)
-    spec = ShardingSpec.from_placements(m, placements, x.dim()).reduced()
-    root = spec.on_root()
-    pspec = list(root.to_jax_pspec())
-    if m.root is not m:
-        pspec = [jax.sharding.PartitionSpec.UNCONSTRAINED if e is None else e for e in pspec]
-    sharding = jax.sharding.NamedSharding(root.mesh.jax_mesh(), jax.sharding.PartitionSpec(*pspec))
-    return _Constrain.apply(x, sharding)
-
-
-class _Constrain(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: LazyTensor, sharding: Any) -> LazyTensor:  # noqa: ANN401
-        return new_tensor(x._meta, L.constrain(value_of(x), sharding))
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None

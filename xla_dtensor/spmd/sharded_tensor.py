@@ -3,13 +3,22 @@
 Design: an ``XLAShardedTensor`` IS a :class:`~xla_dtensor.core.LazyTensor`. It shares
 the storage cell (and view chain) of the tensor it wraps, so it takes part in every
 lazy op like any device tensor, and in-place updates through either object are seen by
-both. Its layout is not stored on the object: it is read from the storage (the
-user's annotation, else the propagated sharding of the data after ``sync()``), see
-:mod:`xla_dtensor.spmd.annotate`. Ops on it return ``XLAShardedTensor`` s (as
-torch_xla's does), whose layout is what XLA propagates.
+both. Its layout is read from the storage (the user's annotation, else the propagated
+sharding of the data after ``sync()``), see :mod:`xla_dtensor.spmd.annotate`, except
+for a tensor made by ``from_local`` / ``redistribute`` / ``distribute_tensor``, which
+also remembers the placements it was given (``Partial`` included) until it is written
+in place. Ops on it return ``XLAShardedTensor`` s (as torch_xla's does), whose layout
+is what XLA propagates.
 
-Values are global: shapes, ``full_tensor()`` and every op see the logical tensor; the
-per-device pieces are ``local_shards``.
+Single-controller semantics (one program for every device; see docs/spmd.md):
+
+* Values are global: shapes, ``full_tensor()`` and every op see the logical tensor; the
+  per-device pieces are ``local_shards``.
+* ``from_local(t, mesh, placements)``: ``t`` is the value the program holds, so it is the
+  global value (for ``Partial``: the reduced value); ``placements`` say how it is laid
+  out. ``to_local()`` is its inverse: the same global value as a plain lazy tensor.
+* ``Partial`` is a pending reduction: ``placements`` reports it, and the reduction
+  happens where a later layout needs the reduced value (all-reduce or reduce-scatter).
 """
 from __future__ import annotations
 
@@ -21,10 +30,11 @@ import numpy as np
 import torch
 
 from mesh import Mesh
-from xla_dtensor.core.tensor import LazyTensor, new_tensor, value_of
+from xla_dtensor.core.tensor import LazyTensor, value_of
 from xla_dtensor.sharding import ShardingSpec, shard_indices
 from xla_dtensor.spmd import annotate as A
 from xla_dtensor.spmd import layout as L
+from xla_dtensor.spmd import relayout as R
 from xla_dtensor.spmd.errors import MeshDevicesError
 
 _new = torch.Tensor._make_wrapper_subclass
@@ -105,15 +115,31 @@ class XLAShardedTensor(LazyTensor):
 
     @property
     def placements(self) -> tuple[Any, ...]:
-        """DTensor placements, one per mesh axis (``Partial`` is materialized: ``Replicate``)."""
-        return self._known_spec().reduced().to_placements()
+        """DTensor placements, one per mesh axis: the ones this tensor was made with
+        (``Partial`` included), else the propagated layout (runs pending work if undecided)."""
+        spec = self._recorded()
+        return (spec if spec is not None else self._known_spec().reduced()).to_placements()
 
     @property
     def device_mesh(self) -> Any:
-        """The layout's mesh as a torch ``DeviceMesh("xla", ...)``."""
+        """The layout's mesh as a torch ``DeviceMesh("xla", ...)`` (the one given, if any)."""
+        given = getattr(self, "_dt_mesh_arg", None)
+        if given is not None and self._recorded() is not None and hasattr(given, "device_type"):
+            return given
         from torch.distributed.device_mesh import DeviceMesh
         m = self.mesh
         return DeviceMesh("xla", m.get_logical_mesh().tolist(), mesh_dim_names=m.axis_names)
+
+    def _recorded(self) -> ShardingSpec | None:
+        """The spec this tensor was made with, while it has not been written in place."""
+        spec = getattr(self, "_dt_spec", None)
+        if spec is None or getattr(self, "_dt_version", -1) != self._storage.version:
+            return None
+        return spec
+
+    def _record(self, spec: ShardingSpec, mesh_arg: Any) -> XLAShardedTensor:
+        self._dt_spec, self._dt_version, self._dt_mesh_arg = spec, self._storage.version, mesh_arg
+        return self
 
     @property
     def global_tensor(self) -> LazyTensor:
@@ -122,31 +148,116 @@ class XLAShardedTensor(LazyTensor):
         return new_view(self._meta, self._storage, self._chain, value_of(self))
 
     # -- values ---------------------------------------------------------------------
-    def full_tensor(self) -> LazyTensor:
-        """The whole tensor, replicated on every device of the mesh (lazy)."""
-        spec = ShardingSpec.replicated(self._known_spec().mesh, self.dim())
-        return _Relayout.apply(self, spec, False)
+    @staticmethod
+    def from_local(local_tensor: torch.Tensor, device_mesh: Any = None,
+                   placements: Sequence[Any] | None = None, *, run_check: bool = False,
+                   shape: Any = None, stride: Any = None,
+                   grad_placements: Sequence[Any] | None = None) -> XLAShardedTensor:
+        """``DTensor.from_local`` under single-controller SPMD (``import xla_dtensor`` routes
+        torch's own ``DTensor.from_local`` on an ``"xla"`` mesh here).
 
-    def redistribute(self, device_mesh: Any = None, placements: Sequence[Any] | None = None) -> XLAShardedTensor:
+        There is one program, so the tensor given is the global value (for ``Partial``
+        placements: the already-reduced value) and ``placements`` say how it is laid out:
+        a lazy tensor gets that layout as a sharding constraint in the next program (differentiable; the
+        gradient is laid out as ``grad_placements``, default the same placements with
+        ``Partial`` replicated), a CPU tensor is placed shard by shard. Shapes never change.
+
+        Raises:
+            RankError: not one placement per mesh axis. PlacementError: ``Shard(d)`` out of range.
+            ValueError: ``shape`` differs from the tensor's (a per-device shard cannot be
+                given to a single controller: build the global tensor and distribute it).
+
+        Example:
+            >>> import torch, xla_dtensor
+            >>> from torch.distributed.device_mesh import DeviceMesh
+            >>> from torch.distributed.tensor import DTensor, Partial, Shard
+            >>> dm = DeviceMesh("xla", list(range(4)))
+            >>> x = torch.arange(8.).to(xla_dtensor.device())
+            >>> d = DTensor.from_local(x, dm, [Shard(0)])
+            >>> tuple(d.shape), d.placements, torch.equal(d.to_local().cpu(), x.cpu())
+            ((8,), (Shard(dim=0),), True)
+            >>> DTensor.from_local(x, dm, [Partial()]).redistribute(dm, [Shard(0)]).placements
+            (Shard(dim=0),)
+        """
+        del run_check, stride  # one value: nothing to check across ranks, strides are global
+        m, mesh_arg = _mesh_of(device_mesh)
+        from torch.distributed.tensor.placement_types import Replicate
+        placements = list(placements) if placements is not None else [Replicate()] * m.ndim
+        spec = ShardingSpec.from_placements(m, placements, local_tensor.dim())
+        if shape is not None and tuple(shape) != tuple(local_tensor.shape):
+            raise ValueError(
+                f"from_local got shape={tuple(shape)} for a tensor of shape {tuple(local_tensor.shape)}: "
+                "under single-controller SPMD the tensor given is the global value, not one "
+                "device's shard; pass the global tensor (and no shape), or distribute_tensor it")
+        grad = spec.reduced() if grad_placements is None else ShardingSpec.from_placements(
+            m, list(grad_placements), local_tensor.dim())
+        if isinstance(local_tensor, LazyTensor):
+            out = R.Relayout.apply(local_tensor, spec, grad)
+        else:
+            from xla_dtensor.spmd.api import distribute_tensor
+            placed = distribute_tensor(local_tensor.detach(), m, placements)
+            needs_grad = local_tensor.requires_grad and torch.is_grad_enabled()
+            out = R.HostGrad.apply(local_tensor, placed) if needs_grad else placed
+        return XLAShardedTensor.wrap(out)._record(spec, mesh_arg)
+
+    def to_local(self, *, grad_placements: Sequence[Any] | None = None) -> LazyTensor:
+        """The global value as a plain lazy tensor: the inverse of :meth:`from_local`.
+
+        Under single-controller SPMD the program's "local" tensor is the global one (model
+        code keeps global shapes), so this shares this tensor's storage (in-place writes
+        reach both) and is differentiable; the gradient is laid out as ``grad_placements``
+        (default: this tensor's placements, ``Partial`` replicated). For a ``Partial``
+        tensor it is the reduced value. Each device's piece is in :attr:`local_shards`.
+        """
+        spec = self._recorded()
+        if grad_placements is not None:
+            spec = ShardingSpec.from_placements(self._known_spec().mesh if spec is None else spec.mesh,
+                                                list(grad_placements), self.dim())
+        return R.Alias.apply(self, R.grad_spec_of(spec))
+
+    def full_tensor(self, *, grad_placements: Sequence[Any] | None = None) -> LazyTensor:
+        """The whole tensor (reduced if ``Partial``), replicated on every device of the mesh (lazy)."""
+        m = self._source_spec().mesh
+        from torch.distributed.tensor.placement_types import Replicate
+        return self.redistribute(m, [Replicate()] * m.ndim).to_local(grad_placements=grad_placements)
+
+    def redistribute(self, device_mesh: Any = None, placements: Sequence[Any] | None = None, *,
+                     async_op: bool = False, forward_dtype: torch.dtype | None = None,
+                     backward_dtype: torch.dtype | None = None) -> XLAShardedTensor:
         """A new tensor with the same value laid out by ``placements`` on ``device_mesh``.
 
-        ``Partial`` placements are pending reductions: the value is reduced (it already
-        is, globally) and those mesh axes hold replicas.
+        A sharding constraint in the next program, so XLA picks the collective (a
+        ``Partial`` source reduced into ``Shard`` is a reduce-scatter).
+        Differentiable: the gradient goes back in this tensor's layout (``Partial``
+        replicated). ``async_op`` is accepted (XLA schedules the collectives);
+        ``forward_dtype`` casts before the move, ``backward_dtype`` casts the gradient.
 
         Raises:
             MeshDevicesError: ``device_mesh`` has other devices than the current mesh.
+            RankError: not one placement per mesh axis.
         """
-        current = self._known_spec().mesh
-        m = current if device_mesh is None else A.as_mesh(device_mesh)
-        if sorted(m.root.device_ids) != sorted(current.root.device_ids):
+        del async_op
+        src = self._source_spec()
+        m, mesh_arg = (src.mesh, None) if device_mesh is None else _mesh_of(device_mesh)
+        if sorted(m.root.device_ids) != sorted(src.mesh.root.device_ids):
             raise MeshDevicesError(
                 f"redistribute cannot move data to other devices: the tensor is on devices "
-                f"{sorted(current.root.device_ids)} but the target mesh {m!r} has "
+                f"{sorted(src.mesh.root.device_ids)} but the target mesh {m!r} has "
                 f"{sorted(m.root.device_ids)}; distribute a copy (distribute_tensor) instead")
         from torch.distributed.tensor.placement_types import Replicate
-        placements = placements if placements is not None else [Replicate()] * m.ndim
+        placements = list(placements) if placements is not None else [Replicate()] * m.ndim
         spec = ShardingSpec.from_placements(m, placements, self.dim())
-        return _Relayout.apply(self, spec, True)
+        x: LazyTensor = self if forward_dtype is None else self.to(forward_dtype)
+        out = R.Relayout.apply(x, spec, src.reduced())
+        if backward_dtype is not None:
+            out = _GradCast.apply(out, backward_dtype)
+        return XLAShardedTensor.wrap(out)._record(spec, mesh_arg if mesh_arg is not None else
+                                                  getattr(self, "_dt_mesh_arg", None))
+
+    def _source_spec(self) -> ShardingSpec:
+        """This tensor's layout for a relayout: recorded, annotated, else propagated."""
+        spec = self._recorded()
+        return spec if spec is not None else self._known_spec()
 
     @property
     def local_shards(self) -> list[XLAShard]:
@@ -167,10 +278,6 @@ class XLAShardedTensor(LazyTensor):
             data = np.asarray(sh.data)[tuple(slice(0, i.stop - i.start) for i in idx)]
             shards.append(XLAShard(_to_torch(data, self.dtype), idx, sh.device.id, sh.replica_id))
         return shards
-
-    def to_local(self) -> torch.Tensor:
-        """The shard of this process's first device (a CPU tensor, like a rank's local tensor)."""
-        return self.local_shards[0].data
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # must never fail (torch_xla 5798)
         try:
@@ -226,17 +333,23 @@ class _AsSharded(torch.autograd.Function):
         return grad
 
 
-class _Relayout(torch.autograd.Function):
-    """Differentiable re-layout: a new tensor with ``x``'s value laid out as ``spec``."""
+class _GradCast(torch.autograd.Function):
+    """Identity forward; the gradient cast to ``dtype`` (``redistribute(backward_dtype=)``)."""
 
     @staticmethod
-    def forward(ctx: Any, x: LazyTensor, spec: ShardingSpec, sharded: bool) -> LazyTensor:  # noqa: ANN401
-        if not sharded:
-            return new_tensor(x._meta, L.constrain(value_of(x), L.named(spec)))
-        out = new_tensor(x._meta, value_of(x))
-        A.apply_spec(out, spec)
-        return _wrap_plain(out)
+    def forward(ctx: Any, x: LazyTensor, dtype: torch.dtype) -> LazyTensor:  # noqa: ANN401
+        ctx.dtype = dtype
+        return _wrap_plain(x)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return grad, None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad.to(ctx.dtype), None
+
+
+def _mesh_of(device_mesh: Any) -> tuple[Mesh, Any]:
+    """``(mesh.Mesh, the object given)``; ``None`` means torch's current mesh, then the global one."""
+    if device_mesh is None:
+        from torch.distributed.device_mesh import _mesh_resources
+        stack = getattr(_mesh_resources, "mesh_stack", None)
+        device_mesh = stack[-1] if stack else None
+    return A.as_mesh(device_mesh), device_mesh

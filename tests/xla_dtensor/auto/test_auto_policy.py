@@ -191,16 +191,16 @@ def test_user_hint_is_pinned(dev, run):
 
 # -- bad input ----------------------------------------------------------------------------
 class _Tiny(nn.Module):
-    def __init__(self, cumsum=False):
+    def __init__(self, opaque=False):
         super().__init__()
         torch.manual_seed(0)
         self.fc = nn.Linear(8, 8)
-        self.cumsum = cumsum
+        self.opaque = opaque
 
     def forward(self, x, y):
         h = self.fc(x)
-        if self.cumsum:
-            h = torch.cumsum(h, dim=1)
+        if self.opaque:  # repeat: no rule, and no generic one fits (the shape changes, not pointwise)
+            h = h.repeat(1, 2)[:, 4:12]
         return ((h - y) ** 2).mean()
 
 
@@ -265,12 +265,12 @@ def test_memory_budget_too_small_falls_back_to_replicated(dev):
 
 
 def test_op_without_strategy_rule_warns_and_trains(dev):
-    ref = _tiny_train(_Tiny(cumsum=True))
-    model = xs.distribute_module(_Tiny(cumsum=True), _mesh(), partition_fn=xs.AutoPolicy(time_limit=10))
-    with pytest.warns(autoshard.UnknownOpWarning, match="aten.cumsum.default"):
+    ref = _tiny_train(_Tiny(opaque=True))
+    model = xs.distribute_module(_Tiny(opaque=True), _mesh(), partition_fn=xs.AutoPolicy(time_limit=10))
+    with pytest.warns(autoshard.UnknownOpWarning, match="aten.repeat.default"):
         got = _tiny_train(model, dev)
     torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=0)
-    assert "aten.cumsum.default" in model._auto_plan.stats["unknown_ops"]
+    assert model._auto_plan.stats["unknown_ops"] == ["aten.repeat.default"]
 
 
 def test_use_spmd_auto_plans_an_optimizer(dev):

@@ -221,5 +221,6 @@ def test_command_line(capsys) -> None:
     assert main(["('dp', None)", "--shape", "4,4", "--mesh", "2,4", "--names", "dp,tp",
                  "--dcn", "2,1", "--no-color"]) == 0
     assert "a = 0-3; b = 4-7" in " ".join(capsys.readouterr().out.split())
-    assert main(["{devices=[2,4]<=[9]}", "--shape", "4,4"]) == 2
-    assert "need 8 devices, got 9" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:  # one line, exit code 2 (tests/reliability/test_cli_errors.py)
+        main(["{devices=[2,4]<=[9]}", "--shape", "4,4"])
+    assert info.value.code == 2 and "need 8 devices, got 9" in capsys.readouterr().err

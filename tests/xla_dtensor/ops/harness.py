@@ -54,6 +54,7 @@ def assert_match(ours: Any, ref: Any, where: str = "", tol: tuple[float, float] 
     if not isinstance(ref, torch.Tensor):
         assert ours == ref, f"{where}: {ours} != {ref}"
         return
+    ref = ref.resolve_conj().resolve_neg()  # torch's lazy conjugate/negative bits: compare values
     assert tuple(ours.shape) == tuple(ref.shape), f"{where}: shape {tuple(ours.shape)} != torch {tuple(ref.shape)}"
     assert to_torch(ours.dtype) == ref.dtype, f"{where}: dtype {ours.dtype} != torch {ref.dtype}"
     got = np.asarray(jnp.asarray(ours).astype(jnp.float64) if ref.dtype in (torch.bfloat16, torch.float16)

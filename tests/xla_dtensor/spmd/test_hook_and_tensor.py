@@ -62,19 +62,22 @@ def test_our_entry_points_and_init_device_mesh():
                                       jax.sharding.PartitionSpec("dp", "tp"))
     assert d.sharding_spec == str(want._to_xla_hlo_sharding(2))
     assert torch.equal(d.full_tensor().cpu(), t)
-    assert torch.equal(d.to_local(), t[:2, :3])
+    assert torch.equal(d.local_shards[0].data, t[:2, :3])
+    # single controller: to_local() is the global value as a plain lazy tensor (from_local's inverse)
+    local = d.to_local()
+    assert type(local) is xla_dtensor.LazyTensor and torch.equal(local.cpu(), t)
 
 
-def test_partial_is_materialized_and_redistribute_keeps_value():
+def test_partial_is_carried_and_redistribute_keeps_value():
     mesh = DeviceMesh("xla", [[0, 1, 2, 3], [4, 5, 6, 7]], mesh_dim_names=("a", "b"))
     t = torch.randn(8, 4)
     d = distribute_tensor(t, mesh, [Partial(), Shard(1)])
-    assert d.placements == (Replicate(), Shard(1))
+    assert d.placements == (Partial(), Shard(1))   # as torch: t is the (reduced) global value
     assert torch.equal(d.cpu(), t)
     r = d.redistribute(mesh, [Shard(0), Partial()])
-    assert r.placements == (Shard(0), Replicate()) and torch.equal(r.cpu(), t)
+    assert r.placements == (Shard(0), Partial()) and torch.equal(r.cpu(), t)
     r2 = r.redistribute(mesh, [Replicate(), Replicate()])
-    assert r2.sharding_spec == "{replicated}"
+    assert r2.placements == (Replicate(), Replicate()) and r2.sharding_spec == "{replicated}"
     assert torch.equal((r2 * 2).cpu(), t * 2)
 
 

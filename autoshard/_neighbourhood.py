@@ -1,0 +1,138 @@
+"""Neighbourhoods for large-neighbourhood search and the sub-problem of one.
+
+A neighbourhood is a set ``S`` of compact nodes; :func:`sub_compact` builds the problem
+of choosing their strategies with every other node fixed at the current plan ``x``:
+edges to fixed nodes fold into node costs, memory becomes one row per *segment* (the
+pieces of the timeline between the starts and ends of ``S``'s memory terms), whose
+constant is the fullest row of the segment minus ``S``'s own current share. Segments
+that cannot overflow whatever ``S`` picks are dropped. Solving the sub-problem exactly
+gives the best plan that differs from ``x`` only on ``S``.
+
+Neighbourhoods: a BFS *ball* around a seed node (random expansion order), and a *window*
+of the liveness timeline (nodes holding memory at a chosen row, grown by BFS).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from autoshard._compact import Compact, _offsets
+from autoshard._space import RangeMax, Space
+
+__all__ = ["sub_compact", "ball", "window", "size_of"]
+
+
+def _ranges(start: np.ndarray, stop: np.ndarray) -> np.ndarray:
+    cnt = stop - start
+    return np.repeat(start, cnt) + np.arange(int(cnt.sum())) - np.repeat(_offsets(cnt)[:-1], cnt)
+
+
+def size_of(sp: Space, S: np.ndarray, inS: np.ndarray) -> int:
+    """Variables of the sub-MIP on ``S``: strategies plus internal edge entries."""
+    e = sp.nbr_edge[_ranges(sp.nptr[S], sp.nptr[S + 1])]
+    e = np.unique(e[inS[sp.eu[e]] & inS[sp.ev[e]]])
+    return int(sp.k[S].sum() + np.sum(sp.ebase[e + 1] - sp.ebase[e]))
+
+
+def sub_compact(sp: Space, S: np.ndarray, x: np.ndarray, U: np.ndarray | None,
+                rmax: RangeMax | None) -> Compact:
+    """The problem of re-choosing the strategies of nodes ``S`` (sorted) given ``x``."""
+    S = np.sort(np.asarray(S, np.int64))
+    n = S.size
+    inS = np.zeros(sp.n, bool)
+    inS[S] = True
+    newid = np.full(sp.n, -1, np.int64)
+    newid[S] = np.arange(n)
+    kS = sp.k[S]
+    offS = _offsets(kS)
+    gS = _ranges(sp.off[S], sp.off[S + 1])
+    pos = np.full(int(sp.off[-1]), -1, np.int64)
+    pos[gS] = np.arange(gS.size)
+    ent = _ranges(sp.ip[S], sp.ip[S + 1])
+    oth = sp.other[ent]
+    out = ~inS[oth]
+    vals = sp.W[sp.static[ent] + x[oth] * sp.mult[ent]]
+    cost = sp.cost[gS] + np.bincount(pos[sp.tgt[ent][out]], weights=vals[out], minlength=gS.size)
+    e = np.unique(sp.nbr_edge[_ranges(sp.nptr[S], sp.nptr[S + 1])])
+    e = e[inS[sp.eu[e]] & inS[sp.ev[e]]]
+    W = sp.W[_ranges(sp.ebase[e], sp.ebase[e + 1])]
+    eu, ev = newid[sp.eu[e]], newid[sp.ev[e]]
+    limit, base = None, np.zeros(0)
+    tg = tlo = thi = tv = np.zeros(0, np.int64)
+    tcoef = np.zeros(0)
+    if sp.limit is not None and U is not None:
+        t = sp.terms_of(gS)
+        if t.size:
+            lo, hi, coef, g = sp.t_lo[t], sp.t_hi[t], sp.t_coef[t], sp.t_g[t]
+            bp = np.unique(np.concatenate([lo, hi]))
+            ls, hs = np.searchsorted(bp, lo), np.searchsorted(bp, hi)
+            cur = g == (sp.off[:-1] + x)[sp.node_of[g]]
+            nseg = bp.size - 1
+            d_cur, d_all = np.zeros(nseg + 1), np.zeros(nseg + 1)
+            np.add.at(d_cur, ls[cur], coef[cur])
+            np.add.at(d_cur, hs[cur], -coef[cur])
+            np.add.at(d_all, ls, coef)
+            np.add.at(d_all, hs, -coef)
+            seg_base = rmax(bp[:-1], bp[1:]) - np.cumsum(d_cur)[:-1]
+            keep = np.flatnonzero(seg_base + np.cumsum(d_all)[:-1] > sp.limit)
+            if keep.size:
+                a, b = np.searchsorted(keep, ls), np.searchsorted(keep, hs)
+                ok = a < b
+                limit, base = sp.limit, seg_base[keep]
+                tg, tcoef, tlo, thi, tv = pos[g[ok]], coef[ok], a[ok], b[ok], sp.t_v[t][ok]
+    vmap = np.arange(gS.size) - np.repeat(offS[:-1], kS)
+    return Compact(n, kS, offS, cost, 0.0, eu, ev, _offsets(kS[eu] * kS[ev]), W, limit, base,
+                   tg, tcoef, tlo, thi, tv, np.arange(n), np.full(n, -1, np.int64), offS, vmap)
+
+
+def ball(sp: Space, seed: int, budget: int, rng: np.random.Generator,
+         allowed: np.ndarray | None = None) -> np.ndarray:
+    """Nodes reached by a randomized BFS from ``seed`` until ``budget`` variables."""
+    inS = np.zeros(sp.n, bool)
+    inS[seed] = True
+    S, frontier = [seed], [seed]
+    used = int(sp.k[seed])
+    while frontier and used < budget:
+        nxt = []
+        for u in frontier:
+            nb = sp.nbr[sp.nptr[u]:sp.nptr[u + 1]]
+            ne = sp.nbr_edge[sp.nptr[u]:sp.nptr[u + 1]]
+            for i in rng.permutation(nb.size).tolist():
+                v = int(nb[i])
+                if inS[v] or (allowed is not None and not allowed[v]):
+                    continue
+                # cost of adding v: its strategies and its edges into S
+                add = int(sp.k[v])
+                for w, ed in zip(sp.nbr[sp.nptr[v]:sp.nptr[v + 1]].tolist(),
+                                 sp.nbr_edge[sp.nptr[v]:sp.nptr[v + 1]].tolist()):
+                    if inS[w]:
+                        add += int(sp.ebase[ed + 1] - sp.ebase[ed])
+                if used + add > budget:
+                    continue
+                inS[v] = True
+                S.append(v)
+                nxt.append(v)
+                used += add
+        rng.shuffle(nxt)
+        frontier = nxt
+    return np.asarray(S, np.int64)
+
+
+def window(sp: Space, row: int, budget: int, rng: np.random.Generator) -> np.ndarray:
+    """Nodes holding memory at ``row``, in random order, then a BFS ball, up to ``budget``."""
+    t = np.flatnonzero((sp.t_lo <= row) & (sp.t_hi > row))
+    live = np.unique(sp.node_of[sp.t_g[t]])
+    if live.size == 0:
+        return ball(sp, int(rng.integers(sp.n)), budget, rng)
+    allowed = np.zeros(sp.n, bool)
+    allowed[live] = True
+    seed = int(rng.choice(live))
+    S = ball(sp, seed, budget, rng, allowed)
+    inS = np.zeros(sp.n, bool)
+    inS[S] = True
+    used = size_of(sp, S, inS)
+    for v in rng.permutation(live).tolist():  # live nodes not connected to the seed's ball
+        if inS[v] or used + sp.k[v] > budget:
+            continue
+        inS[v] = True
+        used += int(sp.k[v])
+    return np.flatnonzero(inS)

@@ -1,0 +1,101 @@
+"""Every code block of README.md and docs/*.md runs and shows what it prints (issue 25).
+
+How blocks are run and marked is documented in docs/README.md. The fast blocks run in
+one child interpreter (pages in order, one namespace per page); blocks marked
+``<!-- docs-test: slow -->`` run in a second one, only with ``-m slow``
+(``python3 dev.py test -m slow tests/docs``). The child sees only the installed
+packages (tests/_fresh_clone.py), as a user does.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _doc_blocks import ROOT, all_blocks, pages
+from tests._fresh_clone import user_env
+
+HERE = Path(__file__).resolve().parent
+BLOCKS = all_blocks()
+RUN = [b for b in BLOCKS if b.kind not in ("text", "unlabelled") and b.mark != "skip"]
+KNOWN_MARKS = {"", "slow", "skip"}
+
+
+def _run(tier: str, tmp: Path) -> tuple[dict[str, dict], str]:
+    results = tmp / f"{tier}.jsonl"
+    proc = subprocess.run([sys.executable, str(HERE / "_doc_runner.py"), tier, str(results)], cwd=ROOT,
+                          env=user_env(tmp), capture_output=True, text=True, timeout=1200)
+    rows = results.read_text().splitlines() if results.exists() else []
+    return {r["id"]: r for r in map(json.loads, rows)}, proc.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def fast_results(tmp_path_factory):
+    return _run("fast", tmp_path_factory.mktemp("docs_fast"))
+
+
+@pytest.fixture(scope="module")
+def slow_results(tmp_path_factory):
+    return _run("slow", tmp_path_factory.mktemp("docs_slow"))
+
+
+@pytest.mark.parametrize("block", [
+    pytest.param(b, id=b.id, marks=[pytest.mark.slow] if b.mark == "slow" else []) for b in RUN])
+def test_block(block, request):
+    results, stderr = request.getfixturevalue("slow_results" if block.mark == "slow" else "fast_results")
+    row = results.get(block.id)
+    assert row is not None, f"the doc runner stopped before {block.id}:\n{stderr}"
+    assert row["status"] == "pass", f"{block.id} ({block.kind} block):\n{row['detail']}"
+
+
+def test_every_block_is_labelled_and_marks_are_known():
+    bad = [f"{b.id}: no language after the fence (python, bash, text, ...)" for b in BLOCKS if b.kind == "unlabelled"]
+    bad += [f"{b.id}: unknown mark {b.mark!r} (allowed: slow, skip REASON)" for b in BLOCKS if b.mark not in KNOWN_MARKS]
+    bad += [f"{b.id}: skip without a reason" for b in BLOCKS if b.mark == "skip" and not b.reason]
+    assert not bad, "\n".join(bad)
+    assert len(RUN) >= 10  # the runner found the blocks at all
+
+
+_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+_TICKED = re.compile(r"`([\w.\-]+(?:/[\w.\-]+)+\.(?:py|md|toml|txt|json|png|jsonl|csv))`")
+
+
+def test_docs_reference_only_files_in_the_repository():
+    """Links and backticked paths name files that exist (no design notes outside the repo)."""
+    missing = []
+    for page in pages():
+        text = page.read_text()
+        for target in _LINK.findall(text):
+            if "://" not in target and not (page.parent / target).exists() and not (ROOT / target).exists():
+                missing.append(f"{page.relative_to(ROOT)}: link {target}")
+        for path in _TICKED.findall(text):
+            if not (ROOT / path).exists() and not (page.parent / path).exists():
+                missing.append(f"{page.relative_to(ROOT)}: `{path}`")
+    assert not missing, "\n".join(missing)
+
+
+def test_runner_catches_drift():
+    """The runner's own oracle: wrong values, outputs and commands fail; right ones pass."""
+    from _doc_blocks import Block
+    from _doc_runner import run_block
+
+    def status(lang: str, text: str, output: str | None = None) -> str:
+        return run_block(Block("t.md", 1, lang, text, output=output), {}, {"PATH": "/usr/bin:/bin"})[0]
+
+    assert status("python", "x = 2\nx + 1  # -> 3\n") == "pass"
+    assert status("python", "x = 2\nx + 1  # -> 4\n") == "fail"
+    assert status("python", "print('a' * 3)\n", output="aaa\n") == "pass"
+    assert status("python", "print('a' * 3)\n", output="aab\n") == "fail"
+    assert status("python", "[1, 2, 3, 4]  # -> [1, ..., 4]\n") == "pass"
+    assert status("python", "undefined_name\n") == "fail"
+    assert status("text", ">>> 1 + 1\n2\n") == "pass"
+    assert status("text", ">>> 1 + 1\n3\n") == "fail"
+    assert status("text", "$ echo hi\nhi\n") == "pass"
+    assert status("text", "$ echo hi\nho\n") == "fail"
+    assert status("bash", "false\n") == "fail"
+    assert status("bash", "python3 dev.py test\n") == "fail"  # refused: would recurse
+    assert status("text", "just words\n") == "skip"

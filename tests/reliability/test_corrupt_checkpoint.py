@@ -1,0 +1,97 @@
+"""Delete, truncate or alter each kind of checkpoint file: every load is a CheckpointError naming that
+file, or (a change that means nothing, e.g. JSON whitespace) exactly the saved values; never others.
+
+Kinds: the manifest (``.xdt_manifest.json``), torch's ``.metadata`` and the data file
+(``__0_0.distcp``). Counts are printed (pytest -s) and asserted: 0 silent wrong results.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+
+import pytest
+import torch
+from torch.distributed.tensor import Replicate, Shard
+
+import xla_dtensor
+from mesh import Mesh
+from xla_dtensor import checkpoint
+from xla_dtensor.checkpoint import publish
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+KINDS = (".xdt_manifest.json", ".metadata", "__0_0.distcp")
+
+
+def _values():
+    g = torch.Generator().manual_seed(7)
+    return {"w": torch.randn(16, 8, generator=g), "u": torch.randn(10, 3, generator=g), "meta": {"step": 11}}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    mesh = Mesh(range(8), (2, 4), ("a", "b"))
+    v = _values()
+    path = tmp_path_factory.mktemp("ckpt") / "c"
+    checkpoint.save({"w": xla_dtensor.distribute_tensor(v["w"], mesh, [Shard(0), Shard(1)]),
+                     "u": xla_dtensor.distribute_tensor(v["u"], mesh, [Shard(0), Replicate()]), "meta": v["meta"]}, path)
+    return path
+
+
+def _outcome(path, kind: str) -> str:
+    v = _values()
+    tgt = {"w": torch.zeros(16, 8), "u": torch.zeros(10, 3), "meta": {"step": 0}}
+    try:
+        checkpoint.load(tgt, path)
+    except checkpoint.CheckpointError as err:
+        return "error" if kind in str(err) or kind == ".xdt_manifest.json" and "manifest" in str(err) else f"vague: {err}"
+    same = torch.equal(tgt["w"], v["w"]) and torch.equal(tgt["u"], v["u"]) and tgt["meta"] == v["meta"]
+    return "exact" if same else "wrong"
+
+
+def test_each_file_kind_deleted_truncated_or_altered(saved, tmp_path):
+    rng = random.Random(0)
+    counts: dict[str, int] = {}
+    trials = 0
+    for kind in KINDS:
+        size = (saved / kind).stat().st_size
+        cases = [("delete", None)] + [("truncate", n) for n in (0, 1, size // 2, size - 1)]
+        cases += [("alter", rng.randrange(size)) for _ in range(16)]
+        for op, arg in cases:
+            path = tmp_path / f"{kind}-{op}-{arg}"
+            shutil.copytree(saved, path)
+            f = path / kind
+            if op == "delete":
+                f.unlink()
+            elif op == "truncate":
+                os.truncate(f, arg)
+            else:
+                data = bytearray(f.read_bytes())
+                data[arg] ^= 0x5A
+                f.write_bytes(bytes(data))
+            outcome = _outcome(path, kind)
+            counts[outcome] = counts.get(outcome, 0) + 1
+            trials += 1
+            assert outcome in ("error", "exact"), (kind, op, arg, outcome)
+    print(f"\ncorrupt checkpoint files: {trials} trials, {counts.get('error', 0)} clear errors naming the file, "
+          f"{counts.get('exact', 0)} harmless changes loaded exactly, {counts.get('wrong', 0)} silent wrong results")
+
+
+def test_a_save_killed_between_its_two_renames_leaves_an_error_naming_the_copies(saved, tmp_path, monkeypatch):
+    path = tmp_path / "c"
+    shutil.copytree(saved, path)
+    monkeypatch.setattr(publish, "_exchange", lambda a, b: False)
+    real, calls = os.rename, []
+
+    def dies_after_first(a, b):
+        calls.append((a, b))
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed")  # the process dies here: old aside, new not yet in place
+        real(a, b)
+
+    monkeypatch.setattr(os, "rename", dies_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save({"w": torch.ones(16, 8)}, path)
+    monkeypatch.undo()
+    with pytest.raises(checkpoint.CheckpointError, match=r"no checkpoint directory .* interrupted save left .*\.c\.old-"):
+        checkpoint.load({"w": torch.zeros(16, 8)}, path)

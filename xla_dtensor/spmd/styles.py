@@ -1,0 +1,82 @@
+"""torch's tensor-parallel styles (``torch.distributed.tensor.parallel``) under SPMD.
+
+Every style runs torch's own code. The pieces it is built from work on an ``"xla"``
+mesh as they do on GPUs: ``DTensor.from_local`` and ``redistribute`` become sharding
+constraints on the global activations (:mod:`xla_dtensor.spmd.relayout`), parameters
+are distributed by ``distribute_tensor``, and ``to_local()`` hands the global value on.
+So ``SequenceParallel``, ``PrepareModuleInput`` / ``PrepareModuleOutput`` /
+``PrepareModuleInputOutput`` and the input side of ``ColwiseParallel`` /
+``RowwiseParallel`` need nothing here.
+
+One piece needs a translation: the output functions of ``ColwiseParallel`` and
+``RowwiseParallel`` compare ``outputs.placements`` with the wanted layout. A DTensor
+knows its placements from its local op; a lazy value's layout is only decided when XLA
+compiles the step, and reading it would run the step half-way. Those two functions
+are recognised (``distribute_module`` hands them here) and replaced by the layout change
+torch would make from the layout torch knows the linear produces:
+
+* ``ColwiseParallel``: the output is ``Shard(-1)``; it is laid out as ``output_layouts``
+  and its gradient as ``Shard(-1)``;
+* ``RowwiseParallel``: the output is ``Partial()``, a pending reduction; laying it out as
+  ``Replicate()`` makes XLA all-reduce, as ``Shard(1)`` (sequence parallel)
+  reduce-scatter; its gradient is replicated (all-gathered from ``Shard(1)``).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from xla_dtensor.core.tensor import LazyTensor
+from xla_dtensor.sharding import ShardingSpec
+from xla_dtensor.spmd import annotate as A
+from xla_dtensor.spmd import relayout as R
+from xla_dtensor.spmd.sharded_tensor import XLAShardedTensor
+
+
+def translate(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` itself, or the SPMD replacement of a Colwise/Rowwise output function."""
+    if not isinstance(fn, functools.partial) or len(fn.args) != 2:
+        return fn
+    from torch.distributed.tensor import Partial, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    source = {ColwiseParallel._prepare_output_fn: Shard(-1),
+              RowwiseParallel._prepare_output_fn: Partial()}.get(fn.func)
+    if source is None:
+        return fn
+    layouts, use_local = fn.args
+    return lambda mod, outputs, mesh: _output(outputs, mesh, source, layouts, use_local)
+
+
+def _output(outputs: Any, mesh: Any, source: Any, layouts: Any, use_local: bool) -> Any:
+    if not isinstance(outputs, LazyTensor):
+        return outputs
+    m = A.as_mesh(mesh)
+    src = ShardingSpec.from_placements(m, [source], outputs.dim())
+    dst = ShardingSpec.from_placements(m, _as_list(layouts), outputs.dim())
+    out = XLAShardedTensor.wrap(R.Relayout.apply(outputs, dst, src.reduced()))._record(dst, mesh)
+    return out.to_local() if use_local else out
+
+
+def constrain_activation(x: LazyTensor, mesh: Any, placements: Any) -> LazyTensor:
+    """``x`` (differentiably) constrained to ``placements`` on ``mesh``; a plain lazy tensor.
+
+    Like ``DTensor.from_local(x, mesh, placements).to_local()``, except that the gradient
+    is left to the partitioner (FSDP's batch split and AUTO's activation layouts use it). On a
+    sub-mesh (``mesh["tp"]``) the dims the placements leave whole are left to the
+    partitioner, so the other mesh axes (say a batch split on ``"dp"``) keep what
+    propagation gives them.
+
+    Example:
+        >>> import torch, xla_dtensor
+        >>> from torch.distributed.tensor import Shard
+        >>> from mesh import Mesh
+        >>> y = constrain_activation(torch.ones(8, 4).to(xla_dtensor.device()), Mesh(range(8), (8,), ("x",)), Shard(0))
+        >>> tuple(y.shape), type(y).__name__
+        ((8, 4), 'LazyTensor')
+    """
+    spec = ShardingSpec.from_placements(A.as_mesh(mesh), _as_list(placements), x.dim())
+    return R.Relayout.apply(x, spec, None)
+
+
+def _as_list(placements: Any) -> list[Any]:
+    return list(placements) if isinstance(placements, (list, tuple)) else [placements]
