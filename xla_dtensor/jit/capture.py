@@ -50,7 +50,7 @@ from xla_dtensor.core.signature import op_info
 from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
 from xla_dtensor.jit import layouts, padded
 from xla_dtensor.jit.args import chain_key
-from xla_dtensor.jit.names import tensor_names
+from xla_dtensor.jit.names import leaf_names, tensor_names
 from xla_dtensor.spmd import layout as L
 
 
@@ -207,7 +207,8 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     out_tensors = [t for t in out_leaves if isinstance(t, LazyTensor)]
     layouts.run_hooks(list(LIVE))  # NOTE: every pending storage, as sync() would: a path that syncs next skips them
     roots = _roots(wstorages, grads, out_tensors)
-    mesh = _settle_layouts(roots, wstorages, written_old, grads, flat, start)
+    mesh = layouts.settle_state(executor._plan(roots), wstorages, written_old, [ref() for ref, _ in grads],
+                                [x for x in flat if isinstance(x, torch.optim.Optimizer)], start)
     if mesh is not None:
         roots = _roots(wstorages, grads, out_tensors)
     out_items = [("t", t._meta) if isinstance(t, LazyTensor) else ("py", t) for t in out_leaves]
@@ -239,7 +240,7 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
         rep = layouts.replicated(mesh)
         cap.settle = [(n, [ref for _, ref in holders.get(id(n), ())], rep) for i, n in enumerate(leaves)
                       if sources[i][0] in ("cap", "grad") and layouts.single_device(n)]
-    cap.names = _leaf_names(sources, holders, tensor_names(flat), flat)
+    cap.names = leaf_names(sources, tensor_names(flat), flat)
     cap.keys = [n.key for n in plan.order]
     cap.padded_in = {i for i, n in enumerate(leaves) if id(n) in padded_ids and sources[i][0] in ("arg", "cap")}
     cap.unpad = padded.state_unpad(wstorages)
@@ -255,38 +256,6 @@ def _roots(written: list[Storage], grads: list[tuple], out_tensors: list[LazyTen
     roots = _merged_items([s.value for s in written])
     roots += [value_of(ref().grad) for ref, _ in grads]
     return roots + [value_of(t) for t in out_tensors]
-
-
-def _settle_layouts(roots: list[Node], written: list[Storage], written_old: list[Node], grads: list[tuple],
-                    flat: list, start: int) -> Any:
-    """Pin the state's layouts (:mod:`xla_dtensor.jit.layouts`) if the program spans several
-    devices; returns its mesh, else ``None`` (nothing changed)."""
-    first = executor._plan(roots)
-    mesh = layouts.program_mesh(first.leaves, first.shardings)
-    if mesh is None or mesh.size < 2:
-        return None
-    new_grads = [(ref(), ref().grad) for ref, _ in grads]
-    slots = layouts.new_slots([x for x in flat if isinstance(x, torch.optim.Optimizer)], start)
-    layouts.pin_state(list(zip(written, written_old)), new_grads, slots, mesh)
-    return mesh
-
-
-def _leaf_names(sources: list[tuple], holders: dict[int, list], names: dict[int, str], flat: list) -> list:
-    """Per leaf, the name of the tensor it is read from (``None``: unnamed, or not a tensor)."""
-    out: list = []
-    for src in sources:
-        kind = src[0]
-        if kind == "arg":
-            out.append(names.get(id(flat[src[1]]._storage), f"argument #{src[1]}"))
-        elif kind == "cap":
-            s = src[1]()
-            out.append(names.get(id(s)) if s is not None else None)
-        elif kind == "grad":
-            p = src[1][0][0]()
-            out.append(f"gradient of {names.get(id(p._storage), 'a parameter')}" if p is not None else None)
-        else:
-            out.append(None)
-    return out
 
 
 def _grads_at_start(params: list[torch.Tensor]) -> tuple[dict[int, list], dict[int, Any]]:

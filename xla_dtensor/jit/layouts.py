@@ -130,6 +130,23 @@ def pin_state(written: list[tuple[Storage, Node]], grads: list[tuple[LazyTensor,
         pin(t._storage, final_layout(ps, start.get(id(ps), ps.value), mesh))
 
 
+def settle_state(plan: Any, written: list[Storage], written_old: list[Node], params: list[LazyTensor],
+                 optimizers: list[torch.optim.Optimizer], start: int) -> jax.sharding.Mesh | None:
+    """Pin the call's state (see the module docstring) if its program (``plan``, before pinning)
+    spans several devices; returns the program's mesh, else ``None`` (nothing changed).
+
+    ``written``/``written_old``: the storages the call wrote and their values at its start;
+    ``params``: the parameters whose gradient the call created or replaced; ``start``: the
+    storage sequence number at the call's start (later ones were created by it).
+    """
+    mesh = program_mesh(plan.leaves, plan.shardings)
+    if mesh is None or mesh.size < 2:
+        return None
+    grads = [(p, p.grad) for p in params]
+    pin_state(list(zip(written, written_old)), grads, new_slots(optimizers, start), mesh)
+    return mesh
+
+
 def new_slots(optimizers: Iterable[torch.optim.Optimizer], start: int) -> list[tuple[LazyTensor, LazyTensor]]:
     """(parameter, state tensor) for every optimizer-state tensor created after sequence number ``start``."""
     out = []
