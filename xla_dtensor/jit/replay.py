@@ -39,11 +39,12 @@ class Entry:
 
     __slots__ = ("compiled", "template", "arg_in", "cap_in", "grad_in", "key_in", "host_in", "grad_present",
                  "cleared", "state_w", "grad_w", "out_w", "out_spec", "donate", "keep", "struct", "ops", "sources",
-                 "calls", "always_trace", "n_in", "n_out", "alias_in", "keys", "node_names", "in_info", "pad_in")
+                 "calls", "always_trace", "n_in", "n_out", "alias_in", "keys", "node_names", "in_info", "pad_in",
+                 "names")
 
     def __init__(self, cap: Capture, compiled: Any, results: list) -> None:
         self.compiled, self.struct, self.ops, self.sources = compiled, cap.struct, cap.ops, cap.sources
-        self.keys, self.node_names = cap.keys, cap.node_names
+        self.keys, self.node_names, self.names = cap.keys, cap.node_names, cap.names
         self.in_info: dict[int, tuple] = {}  # program input -> (tensor name, traced leaf key), for messages
         self.calls, self.always_trace = 0, False
         self.n_in, self.n_out = len(cap.leaves), len(results)
@@ -277,17 +278,23 @@ def compare(entry: Entry, cap: Capture) -> str | None:
         return describe.first_difference((entry.struct, entry.ops, entry.keys, entry.node_names),
                                          (cap.struct, cap.ops, cap.keys, cap.node_names))
     for i, (s0, s1) in enumerate(zip(entry.sources, cap.sources)):
+        was, now = _named(i, entry.names), _named(i, cap.names)
         if s0[0] != s1[0]:
-            return f"program input {i} comes from {s1[0]!r}, was {s0[0]!r}"
+            return f"program input {i} comes from {s1[0]!r}{now}, was {s0[0]!r}{was}"
         if s0[0] == "cap" and s0[1]() is not s1[1]():
-            return f"program input {i} reads a different tensor than when traced"
+            return f"program input {i} reads a different tensor{now} than when traced{was}"
         if s0[0] == "grad" and s0[1][0][0]() is not s1[1][0][0]():
-            return f"program input {i} reads the gradient of a different parameter than when traced"
+            return f"program input {i} reads the {now.strip(' ()') or 'gradient of another parameter'}, was{was}"
         if s0[0] in ("arg", "host") and s0[1] != s1[1]:
             return f"program input {i} reads argument #{s1[1]}, was #{s0[1]}"
         if s0[0] == "const" and not _same(s0[1], s1[1]):
             return f"constant program input {i} was {_short(s0[1])}, now {_short(s1[1])} (data-dependent Python?)"
     return None
+
+
+def _named(i: int, names: list) -> str:
+    name = names[i] if i < len(names) else None
+    return f" ({name})" if name else ""
 
 
 def _same(a: Any, b: Any) -> bool:
