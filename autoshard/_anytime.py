@@ -91,7 +91,8 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         left = deadline - time.perf_counter()
         res = search(cp, best_x, min(chunk, left), seed=seed + len(trace), log=log,
                      bound=bound_now, every=every, sp=sp,
-                     theta=lambda: dual.theta_at_best() if dual.snap is not None else None)
+                     theta=lambda: dual.theta_at_best() if dual.snap is not None else None,
+                     stop_at=dual.best + 1e-9 * max(abs(best), 1.0))
         for k, v in res.stats.items():
             if isinstance(v, (int, float)):
                 stats["search"][k] = stats["search"].get(k, 0) + v
@@ -101,6 +102,9 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
                 trace.append((base + t, obj))
         if res.objective < best:
             best_x, best = res.x, res.objective
+        if res.stats.get("exhausted"):  # an exact sub-solve covered the whole problem
+            optimal = True
+            break
         left = deadline - time.perf_counter()
         if left <= 0.05:
             break

@@ -28,8 +28,16 @@ _SCIP = ("limits/gap = {gap}\nrandomization/randomseedshift = {seed}\ndisplay/fr
          "numerics/feastol = 1e-9\n")
 # NOTE: the LP relaxation of these models is integral or nearly so (measured on LNS
 # sub-problems of IOPDDL M: LP optimum = MIP optimum); SCIP's presolve and cut rounds then
-# cost 5-20x the LP itself (0.22 s instead of 1.18 s for 7,600 edge variables).
-_SCIP_LEAN = "presolving/maxrounds = 0\nseparating/maxrounds = 0\nseparating/maxroundsroot = 0\n"
+# cost 5-20x the LP itself (0.22 s instead of 1.18 s for 7,600 edge variables). Whole
+# compact problems too: IOPDDL B proved optimal in 14 s without them, 61 s with them
+# (same machine and load).
+# NOTE: with a hint, SCIP 9 (OR-tools 9.15) fails ("invalid SCIP status", UNKNOWN_STATUS)
+# when both presolving and root separation are off; root separation stays on.
+_SCIP_LEAN = "presolving/maxrounds = 0\nseparating/maxrounds = 0\n"
+
+
+FAILED = ("UNKNOWN_STATUS", "ABNORMAL", "MODEL_INVALID", "INVALID_SOLVER_PARAMETERS",
+          "SOLVER_TYPE_UNAVAILABLE", "INCOMPATIBLE_OPTIONS")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +46,7 @@ class CompactResult:
     objective: float
     bound: float              # valid lower bound (-inf if none)
     optimal: bool             # the plan is proven optimal (within rel_gap)
+    status: str               # the last backend status (ABNORMAL etc. mean a failed solve)
     rows: np.ndarray          # memory rows in the last model
     solves: int
     seconds: float
@@ -141,7 +150,7 @@ def solve_compact(cp: Compact, time_limit: float, x0: np.ndarray | None = None, 
             U = usage(cp, x0)
             rows = np.sort(np.argsort(-U, kind="stable")[:min(batch, cp.R)])
     rows = np.unique(np.asarray(rows, np.int64))
-    bound, solves, optimal = -math.inf, 0, False
+    bound, solves, optimal, status = -math.inf, 0, False, "NOT_RUN"
     params = {"scip": _SCIP.format(gap=rel_gap, seed=seed) + (_SCIP_LEAN if lean else ""),
               "highs": f"mip_rel_gap = {rel_gap}\nthreads = 1\nrandom_seed = {seed}\n"
                        "primal_feasibility_tolerance = 1e-9\n",
@@ -154,7 +163,7 @@ def solve_compact(cp: Compact, time_limit: float, x0: np.ndarray | None = None, 
         # NOTE: OR-tools 9.15's HiGHS interface segfaults on some hinted models
         hint = _hint(cp, model, best_x) if best_x is not None and solver != "highs" else None
         res = solve_model(model, solver, left, integer=True, hint=hint, params=params)
-        solves += 1
+        solves, status = solves + 1, res.status
         if res.status == "OPTIMAL" or res.x is not None:
             bound = max(bound, res.bound if math.isfinite(res.bound) else -math.inf)
         if res.status == "INFEASIBLE":
@@ -177,5 +186,5 @@ def solve_compact(cp: Compact, time_limit: float, x0: np.ndarray | None = None, 
             best_x, best_obj = x, obj
         optimal = res.status == "OPTIMAL"
         break
-    return CompactResult(best_x, best_obj, min(bound, best_obj), optimal, rows, solves,
+    return CompactResult(best_x, best_obj, min(bound, best_obj), optimal, status, rows, solves,
                          time.perf_counter() - t0)

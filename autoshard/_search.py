@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from autoshard._cmodel import solve_compact
+from autoshard._cmodel import FAILED, solve_compact
 from autoshard._compact import Compact, objective, restrict
 from autoshard._neighbourhood import ball, sub_compact, window
 from autoshard._space import RangeMax, Space
@@ -44,6 +44,7 @@ class SearchResult:
 class _State:
     def __init__(self, sp: Space, x: np.ndarray) -> None:
         self.sp = sp
+        self.failures = 0  # sub-solves the backend could not complete
         self.set(x)
 
     def set(self, x: np.ndarray) -> None:
@@ -269,6 +270,8 @@ def lns_move(st: _State, S: np.ndarray, time_limit: float, seed: int) -> tuple[b
     sub = sub_compact(st.sp, S, st.x, st.U, st.rmax)
     x0 = st.x[np.sort(S)]
     res = solve_compact(sub, time_limit, x0, seed=seed)
+    if res.status in FAILED:
+        st.failures += 1
     if res.x is None:
         return False, res.optimal, res.seconds
     new = st.x.copy()
@@ -298,6 +301,8 @@ def kernel_move(st: _State, theta: np.ndarray | None, c: int, time_limit: float,
     kg = np.flatnonzero(keep)
     xs = np.searchsorted(kg, cur) - sub.off[:-1]
     res = solve_compact(sub, time_limit, xs, seed=seed)
+    if res.status in FAILED:
+        st.failures += 1
     if res.x is None:
         return False, res.optimal, res.seconds
     new = kg[sub.off[:-1] + res.x] - sp.off[:-1]
@@ -307,9 +312,15 @@ def kernel_move(st: _State, theta: np.ndarray | None, c: int, time_limit: float,
 def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
            bound: Callable[[], float] | None = None, log: Callable[[str], None] | None = None,
            every: float = 5.0, step_time: float = 0.5, budget: int = 3000,
-           sp: Space | None = None,
-           theta: Callable[[], np.ndarray | None] | None = None) -> SearchResult:
-    """Improve the feasible compact plan ``x0`` until ``time_limit`` seconds have passed."""
+           sp: Space | None = None, theta: Callable[[], np.ndarray | None] | None = None,
+           stop_at: float = -math.inf, max_budget: int = 200_000) -> SearchResult:
+    """Improve the feasible compact plan ``x0`` until ``time_limit`` seconds have passed
+    (or the objective reaches ``stop_at``, e.g. a proven bound).
+
+    ``theta``: reparametrized costs from the dual (ranking for the kernel moves).
+    ``budget``/``max_budget``: start and cap of the LNS size (variables of a sub-MIP).
+    ``stats["exhausted"]``: an exact sub-solve covered every node, the plan is optimal.
+    """
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     sp = Space(cp) if sp is None else sp
@@ -321,7 +332,7 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     stats = dict(node_moves=0, dp=0, dp_better=0, lns=0, lns_better=0, lns_optimal=0, restarts=0,
                  kernel=0, kernel_better=0)
     kc, since_gain = 2, 0
-    last_log, last_gain = t0, t0
+    last_log, last_gain = t0 - every, t0  # first line right away
 
     def note() -> None:
         nonlocal best_x, best_obj, last_gain, since_gain
@@ -334,7 +345,7 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     stats["pair_moves"] = pair_moves(st, deadline)
     note()
     it = 0
-    while time.perf_counter() < deadline:
+    while time.perf_counter() < deadline and best_obj > stop_at:
         it += 1
         now = time.perf_counter()
         if log and now - last_log >= every:
@@ -388,7 +399,7 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
                 break
             # aim at ~step_time per sub-solve
             f = min(max((step_time / max(secs, 1e-3)) ** 0.5, 0.7), 1.3) if optimal else 0.6
-            budget = min(max(int(budget * f), 50), 200_000)
+            budget = min(max(int(budget * f), 50), max_budget)
             if better:
                 stats["node_moves"] += node_moves(st, deadline)
                 stats["pair_moves"] += pair_moves(st, deadline)
@@ -404,4 +415,5 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             st.set(best_x if not ok else x)
             last_gain = time.perf_counter()
     stats["seconds"] = time.perf_counter() - t0
+    stats["sub_failures"] = st.failures
     return SearchResult(best_x, best_obj, trace, stats)
