@@ -130,3 +130,19 @@ def _optimal_plan(p, opt):
     sol = solve_problem(p, time_limit=30)
     assert sol.objective == pytest.approx(opt, rel=1e-9)
     return np.asarray(sol.strategies)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lp_dive_returns_a_fitting_plan_between_optimum_and_start(seed: int) -> None:
+    from autoshard._cmodel import lp_dive
+    from autoshard._construct import start_plan
+    p = tied_problem(60 + seed, n=24)
+    opt = exact_optimum(p)
+    cp, _ = _compact(p)
+    sp = Space(cp)
+    x0 = start_plan(cp, sp)
+    assert x0 is not None
+    r = lp_dive(cp, 20.0, x0)
+    assert (usage(cp, r.x) <= cp.limit).all()
+    assert opt - 1e-9 * abs(opt) <= r.objective <= objective(cp, x0)
+    assert r.objective == pytest.approx(objective(cp, r.x))

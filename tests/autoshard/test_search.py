@@ -17,7 +17,8 @@ from autoshard._compact import objective, usage
 from autoshard._construct import start_plan
 from autoshard._memory import memory_rows
 from autoshard._presolve import flatten, reduce
-from autoshard._search import _State, pair_moves, search
+from autoshard._moves import State, pair_moves
+from autoshard._search import search
 from autoshard._space import Space
 from autoshard._treedp import forest_dp, random_forest
 from autoshard.brute import brute_force
@@ -94,7 +95,7 @@ def test_pair_move_finds_a_joint_switch() -> None:
                 [agree, np.array([[0.0, 0.0], [inf, 0.0]])], None)
     cp = _compact(p)
     sp = Space(cp)
-    st = _State(sp, np.zeros(cp.n, np.int64))
+    st = State(sp, np.zeros(cp.n, np.int64))
     before = st.obj
     assert pair_moves(st, math.inf) > 0
     assert st.obj < before
