@@ -70,7 +70,7 @@ def _fixed_problem(cp: Compact, dual: Dual, incumbent: float) -> Compact | None:
 
 def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             log: Callable[[str], None] | None = None, exact_entries: int = 150_000,
-            bound_share: float = 0.25, every: float = 5.0) -> AnytimeResult:
+            bound_share: float = 0.15, every: float = 5.0) -> AnytimeResult:
     """Improve ``x0`` (a compact plan that fits memory) and bound the optimum."""
     t0 = time.perf_counter()
     deadline = t0 + time_limit

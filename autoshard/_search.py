@@ -89,7 +89,7 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
                 f"budget {budget} restarts {stats['restarts']}")
             last_log = now
         kind = it % 4
-        if since_gain >= 8:  # local neighbourhoods stall: restricted whole-problem MIP
+        if since_gain >= 4:  # local neighbourhoods stall: restricted whole-problem MIP
             since_gain = 0
             left = deadline - time.perf_counter()
             better, optimal, secs = kernel_move(st, theta() if theta else None, kc,

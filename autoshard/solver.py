@@ -202,14 +202,17 @@ class _Incumbent:
         self.plan, self.cost, self.phase = None, math.inf, "warm_start"
         self.trace: list[tuple[float, float]] = []
 
-    def offer(self, name: str, plan) -> None:
+    def offer(self, name: str, plan, found_at: float | None = None) -> None:
+        """Keep ``plan`` if it is feasible and cheaper (``found_at``: when it was found,
+        seconds since the start; default now)."""
         if plan is None:
             return
         cost, ok, _ = evaluate(self.problem, plan)
         self.log(f"{name} plan: objective {cost:.10g}{'' if ok else ' (infeasible)'}")
         if ok and cost < self.cost:
             self.plan, self.cost, self.phase = np.asarray(plan), cost, name
-            self.trace.append((time.perf_counter() - self.t0, cost))
+            t = time.perf_counter() - self.t0 if found_at is None else found_at
+            self.trace.append((t, cost))
 
 
 def _lp_first(cp: Compact, x0, lp_solver: str, budget: float, log: _Log):
@@ -320,10 +323,10 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
             f"{lp_max_edge_vars}): anytime search")
         t_any = time.perf_counter() - t0
         res = anytime(cp, x0, max(left(), 0.0), seed=seed, log=log, every=progress_every)
-        for t, o in res.trace:
+        for t, o in res.trace[:-1]:  # the search's history; its last entry is the plan itself
             if o < inc.cost and (not inc.trace or o < inc.trace[-1][1]):
                 inc.trace.append((t_any + t, o))
-        inc.offer("search", plan_of(cp, res.x))
+        inc.offer("search", plan_of(cp, res.x), t_any + res.trace[-1][0])
         bound, proven = res.bound, res.optimal
         stats.update(search=res.stats["search"], dual_sweeps=res.stats["dual_sweeps"])
         stats["bound_trace"] = [(t_any + t, b) for t, b in res.bound_trace]

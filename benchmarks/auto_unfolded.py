@@ -26,15 +26,11 @@ import time
 import warnings
 from pathlib import Path
 
-import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-
 from autoshard.build import build_model
 from autoshard.evaluate import evaluate
 from autoshard.fold import fold_ties
-from autoshard.fx_builder import trace_training_step
 from autoshard.solver import SolverTimeoutWarning, solve_problem
-from benchmarks.models import GPT2, GPT2Config
+from benchmarks.autoshard_solve import trace_gpt2
 from mesh.presets import topology_for
 
 RESULTS = Path(__file__).parent / "results"
@@ -55,13 +51,7 @@ def main() -> None:
     ap.add_argument("--memory-gib", type=float, default=16.0)
     ap.add_argument("--time-limit", type=float, default=120.0)
     args = ap.parse_args()
-    cfg = GPT2Config(vocab=50304, n_positions=1024, n_embd=1600, n_layer=args.layers, n_head=25)
-    t0 = time.perf_counter()
-    with FakeTensorMode():
-        model = GPT2(cfg)
-        batch = torch.zeros(8, 1024, dtype=torch.long)
-    graph = trace_training_step(model, (batch, batch), name=f"gpt2-{args.layers}x1600")
-    trace_s = time.perf_counter() - t0
+    graph, trace_s = trace_gpt2(args.layers, 1600, 25)
     shape = tuple(int(x) for x in args.mesh.split("x"))
     m = mesh.Mesh(range(8), shape, ("data", "model"))
     topo = topology_for(m, "tpu-v5e")

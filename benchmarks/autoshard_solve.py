@@ -36,16 +36,21 @@ def make_mesh(name: str):
     return mesh.Mesh(range(8), shape, ("data", "model"))
 
 
+def trace_gpt2(layers: int, d: int, heads: int) -> tuple[object, float]:
+    """The GPT-2 training-step graph (batch 8 x 1024, vocab 50304) and seconds to trace it."""
+    cfg = GPT2Config(vocab=50304, n_positions=1024, n_embd=d, n_layer=layers, n_head=heads)
+    t0 = time.perf_counter()
+    with FakeTensorMode():
+        model = GPT2(cfg)
+        batch = torch.zeros(8, 1024, dtype=torch.long)
+    graph = trace_training_step(model, (batch, batch), name=f"gpt2-{layers}x{d}")
+    return graph, time.perf_counter() - t0
+
+
 def run(models, meshes, topology: str, time_limit: float) -> list[dict]:
     rows = []
     for layers, d, heads in models:
-        cfg = GPT2Config(vocab=50304, n_positions=1024, n_embd=d, n_layer=layers, n_head=heads)
-        t0 = time.perf_counter()
-        with FakeTensorMode():
-            model = GPT2(cfg)
-            batch = torch.zeros(8, 1024, dtype=torch.long)
-        graph = trace_training_step(model, (batch, batch), name=f"gpt2-{layers}x{d}")
-        trace_s = time.perf_counter() - t0
+        graph, trace_s = trace_gpt2(layers, d, heads)
         for mname in meshes:
             m = make_mesh(mname)
             t1 = time.perf_counter()

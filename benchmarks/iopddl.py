@@ -111,9 +111,9 @@ def _plot(rows: list[dict], path: Path) -> None:
             if r["trace"]:
                 t, o = zip(*(r["trace"] + [(r["total"], r["trace"][-1][1])]))
                 ax.step(t, o, where="post", label=f"incumbent (seed {r['seed']})")
-            if r["btrace"]:
-                t, b = zip(*r["btrace"])
-                ax.plot(t, b, ".", ms=3, label=f"bound (seed {r['seed']})")
+            bt = r["btrace"] or [(r["total"], r["bound"])]  # exact path: the final bound
+            t, b = zip(*bt)
+            ax.plot(t, b, ".", ms=3, label=f"bound (seed {r['seed']})")
         ax.axhline(CONTEST[inst][1], color="k", ls="--", lw=0.8, label="published best")
         ax.set_yscale("log")
         ax.set_title(f"IOPDDL {inst} (limit {CONTEST[inst][0]} s)")
