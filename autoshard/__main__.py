@@ -18,7 +18,7 @@ from mesh._cli import OneLineParser, mesh_shape, nonnegative_int, output_file, p
 
 PROG = "python -m autoshard"
 MAX_DEVICES = 1 << 16   # larger than any pod; keeps a typo such as 2x40000x4 from building forever
-MAX_AXES = 3            # mesh axes of size > 1 the planner accepts (see _check_axes)
+MAX_AXES = 3            # mesh axes the planner accepts (size-1 axes count: each multiplies the strategies)
 MAX_PAIRS = 20_000_000  # strategy pairs over all edges: ~6 us each to cost, ~2 min
 
 
@@ -37,7 +37,7 @@ def _add_plan(sub) -> None:  # noqa: ANN001
     p.add_argument("--batch", type=positive_int, default=8, help="global batch size, >= 1" + d)
     p.add_argument("--seq", type=positive_int, default=1024, help="sequence length, >= 1" + d)
     p.add_argument("--mesh", type=mesh_shape, default=(8,), metavar="SHAPE",
-                   help=f"mesh shape such as 8, 2x4 or 2x2x2; at most {MAX_AXES} axes of size > 1 and "
+                   help=f"mesh shape such as 8, 2x4 or 2x2x2; at most {MAX_AXES} axes and "
                         f"{MAX_DEVICES} devices (default: 8)")
     p.add_argument("--dcn", type=positive_int, default=1,
                    help="granules (slices) along the first mesh axis, which then crosses DCN in a "
@@ -116,11 +116,12 @@ def _check_plan_args(a) -> None:  # noqa: ANN001
     if math.prod(a.mesh) > MAX_DEVICES:
         _cli.fail(prog, f"argument --mesh: {'x'.join(map(str, a.mesh))} has {math.prod(a.mesh)} devices; "
                         f"at most {MAX_DEVICES}")
-    axes = sum(1 for n in a.mesh if n > 1)
-    if axes > MAX_AXES:
-        _cli.fail(prog, f"argument --mesh: {'x'.join(map(str, a.mesh))} has {axes} axes of size > 1; the "
-                        f"planner takes at most {MAX_AXES} (each op has up to 5^axes strategies: a 4-axis "
-                        "GPT-2 step has ~10^8 strategy pairs, minutes to cost); merge axes, e.g. 4x2x2")
+    if len(a.mesh) > MAX_AXES:
+        squeezed = "x".join(str(n) for n in a.mesh if n > 1) or "1"
+        _cli.fail(prog, f"argument --mesh: {'x'.join(map(str, a.mesh))} has {len(a.mesh)} axes; the planner "
+                        f"takes at most {MAX_AXES} (each op has up to 5^axes strategies, size-1 axes "
+                        f"included: a 4-axis GPT-2 step has ~10^8 strategy pairs, minutes to cost); drop "
+                        f"size-1 axes ({squeezed}) or merge axes, e.g. 4x2x2")
     if a.mesh[0] % a.dcn:
         _cli.fail(prog, f"argument --dcn: {a.dcn} must divide the first mesh axis {a.mesh[0]}")
 
@@ -155,7 +156,7 @@ def _plan(a) -> int:  # noqa: ANN001
     graph = trace_training_step(model, (batch, batch), name=f"gpt2-{a.layers}x{a.d_model}")
     mesh = build_mesh(a.mesh, a.dcn)
     topo = topology_for(mesh, a.topology)
-    if sum(1 for n in a.mesh if n > 1) >= MAX_AXES:  # the only case that can come near the limit
+    if len(a.mesh) >= MAX_AXES:  # the only case that can come near the limit
         strats = node_strategies(graph, topo)[1]
         pairs = sum(len(strats[u]) * len(strats[n.id]) for n in graph.nodes for u, _ in n.inputs)
         say(f"{graph.num_nodes} ops, {pairs:,} strategy pairs (limit --max-pairs {a.max_pairs:,})")

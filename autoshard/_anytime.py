@@ -70,7 +70,7 @@ def _fixed_problem(cp: Compact, dual: Dual, incumbent: float) -> Compact | None:
 
 def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             log: Callable[[str], None] | None = None, exact_entries: int = 150_000,
-            bound_share: float = 0.15, every: float = 5.0) -> AnytimeResult:
+            bound_share: float = 0.25, every: float = 5.0) -> AnytimeResult:
     """Improve ``x0`` (a compact plan that fits memory) and bound the optimum."""
     t0 = time.perf_counter()
     deadline = t0 + time_limit
@@ -91,7 +91,8 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         left = deadline - time.perf_counter()
         res = search(cp, best_x, min(chunk, left), seed=seed + len(trace), log=log,
                      bound=bound_now, every=every, sp=sp,
-                     theta=lambda: dual.theta_at_best() if dual.snap is not None else None)
+                     theta=lambda: dual.theta_at_best() if dual.snap is not None else None,
+                     stop_at=dual.best + 1e-9 * max(abs(best), 1.0))
         for k, v in res.stats.items():
             if isinstance(v, (int, float)):
                 stats["search"][k] = stats["search"].get(k, 0) + v
@@ -101,6 +102,9 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
                 trace.append((base + t, obj))
         if res.objective < best:
             best_x, best = res.x, res.objective
+        if res.stats.get("exhausted"):  # an exact sub-solve covered the whole problem
+            optimal = True
+            break
         left = deadline - time.perf_counter()
         if left <= 0.05:
             break

@@ -13,9 +13,10 @@ import math
 
 import numpy as np
 
+from autoshard._compact import Compact, objective
 from autoshard._space import Space
 
-__all__ = ["construct"]
+__all__ = ["construct", "start_plan"]
 
 
 def construct(sp: Space, order: np.ndarray | None = None, weight: float = 0.0) -> np.ndarray:
@@ -59,3 +60,14 @@ def construct(sp: Space, order: np.ndarray | None = None, weight: float = 0.0) -
             for lo_, hi_, c_ in zip(sp.t_lo[t].tolist(), sp.t_hi[t].tolist(), sp.t_coef[t].tolist()):
                 U[lo_:hi_] += c_
     return x
+
+
+def start_plan(cp: Compact, sp: Space) -> np.ndarray | None:
+    """A plan of finite cost that fits memory: greedy, then greedy weighing memory more and
+    more (cost per byte-row scaled to the largest node cost); None if none fits."""
+    scale = (float(np.abs(cp.cost).max()) or 1.0) / max(float(sp.t_coef.max()) if sp.t_coef.size else 1.0, 1.0)
+    for weight in (0.0, 1e-3 * scale, scale):
+        x = construct(sp, weight=weight)
+        if math.isfinite(objective(cp, x)) and (sp.limit is None or (sp.usage(x) <= sp.limit).all()):
+            return x
+    return None

@@ -114,6 +114,15 @@ def ball(sp: Space, seed: int, budget: int, rng: np.random.Generator,
                 used += add
         rng.shuffle(nxt)
         frontier = nxt
+        if not frontier and used < budget:  # component exhausted: jump to another one
+            rest = np.flatnonzero(~inS if allowed is None else (~inS & allowed))
+            rest = rest[sp.k[rest] <= budget - used]
+            if rest.size:
+                v = int(rng.choice(rest))
+                inS[v] = True
+                S.append(v)
+                frontier = [v]
+                used += int(sp.k[v])
     return np.asarray(S, np.int64)
 
 

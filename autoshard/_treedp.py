@@ -1,4 +1,4 @@
-"""Exact block moves for the primal heuristic: min-sum dynamic programming on induced forests.
+"""Exact block moves for the search: min-sum dynamic programming on induced forests.
 
 Single-node moves stall where a whole chain of nodes must switch strategy together (a
 resharding edge penalizes every partial switch). This module picks a block ``T`` of free
@@ -75,24 +75,6 @@ def random_forest(st, rng: np.random.Generator, full: bool = False) -> Forest:
     forest = Forest(in_t, levels, roots)
     forest.non_tree = nt
     return forest
-
-
-def row_min(st, edges: np.ndarray) -> np.ndarray:
-    """Sum over ``edges`` of each lower-node strategy's least entry in its row (optimistic)."""
-    res = np.zeros(st.cost.size)
-    if edges.size == 0:
-        return res
-    ku, kv = st.k[st.eu[edges]], st.k[st.ev[edges]]
-    size = ku * kv
-    rep = np.repeat(np.arange(edges.size), size)
-    i = np.arange(int(size.sum())) - np.repeat(np.cumsum(size) - size, size)
-    w = st.W[st.ebase[edges][rep] + i]
-    rbase = np.cumsum(ku) - ku
-    rmin = np.full(int(ku.sum()), np.inf)
-    np.minimum.at(rmin, rbase[rep] + i // kv[rep], w)
-    g_of_row = np.repeat(st.off[st.eu[edges]], ku) + (np.arange(rmin.size) - np.repeat(rbase, ku))
-    np.add.at(res, g_of_row, rmin)
-    return res
 
 
 def forest_dp(st, ch: np.ndarray, forest: Forest, extra: np.ndarray | None = None) -> np.ndarray:

@@ -277,8 +277,13 @@ def _flexible_leader(rule: DimRule, node: Node, strats: list[list[Strategy]]) ->
 
     A follower has exactly the splits of the input it follows; following one whose
     producer cannot split the batch (an MoE combine that gathers its rows) would keep the
-    whole rest of the block replicated, while its twin operand can split.
+    whole rest of the block replicated, while its twin operand can split. In-place and
+    optimizer ops keep their leader: they must follow the tensor they update, which
+    shares their alias group's tie.
     """
+    packet = node.op.split(".")[1] if node.op.startswith("aten.") else node.op
+    if packet.endswith("_") or packet.startswith(("_foreach", "_fused")):
+        return rule
     labels = rule.inputs[rule.leader]
 
     def freedom(i: int) -> tuple[int, bool]:

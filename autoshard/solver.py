@@ -35,7 +35,7 @@ import numpy as np
 from autoshard._anytime import anytime, compact_presolve
 from autoshard._cmodel import build_compact_model, solve_compact
 from autoshard._compact import Compact, Infeasible, objective, plan_of, x_of
-from autoshard._construct import construct
+from autoshard._construct import start_plan
 from autoshard._lp import LpResult, Model, build_model, solve_model
 from autoshard._memory import memory_rows
 from autoshard._presolve import Flat, InvalidProblemError, Reduced, flatten, reduce
@@ -212,16 +212,6 @@ class _Incumbent:
             self.trace.append((time.perf_counter() - self.t0, cost))
 
 
-def _start(cp: Compact, sp: Space) -> np.ndarray | None:
-    """A compact plan that fits memory: greedy, then greedy weighing memory; None if neither."""
-    for weight in (0.0, 1e-3, 1.0):
-        x = construct(sp, weight=weight * (float(np.abs(cp.cost).max()) or 1.0) / max(
-            float(sp.t_coef.max()) if sp.t_coef.size else 1.0, 1.0) if weight else 0.0)
-        if math.isfinite(objective(cp, x)) and (sp.limit is None or (sp.usage(x) <= sp.limit).all()):
-            return x
-    return None
-
-
 def _lp_first(cp: Compact, x0, lp_solver: str, budget: float, log: _Log):
     """LP relaxation of the compact model; an integral plan that fits memory is optimal."""
     rows = None
@@ -243,7 +233,7 @@ def _lp_first(cp: Compact, x0, lp_solver: str, budget: float, log: _Log):
 
 def solve_problem(problem: Problem, time_limit: float = 60.0,
                   warm_start: Sequence[int] | None = None, verbose: bool = False, *,
-                  mip_solver: str = "scip", lp_solver: str = "glop", lp_first: bool = True,
+                  mip_solver: str = "scip", lp_solver: str = "glop", lp_first: bool = False,
                   rel_gap: float = 1e-9, memory_form: str = "auto", heuristic: bool = True,
                   heuristic_time: float | None = None, lp_max_edge_vars: int = 150_000,
                   seed: int = 0, progress_every: float = 5.0) -> Solution:
@@ -258,7 +248,9 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
             search: incumbent, bound, gap, moves).
         mip_solver: OR-tools backend of the exact MIP, "scip" (default), "highs" or "cp_sat".
         lp_solver: backend of the LP relaxation, "glop" (default) or "pdlp".
-        lp_first: solve the LP relaxation first (integral -> certified optimum).
+        lp_first: solve the LP relaxation first (integral -> certified optimum). Off by
+            default: the MIP's root LP is the same LP (IOPDDL B: 16 s of LP, then the
+            MIP anyway).
         rel_gap: relative gap at which the MIP stops as OPTIMAL.
         memory_form: memory rows of the MIP, "direct", "incremental" (running sums) or "auto".
         heuristic: build a start plan (greedy + short search) before the MIP; its plan is
@@ -317,7 +309,7 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
         return _finish(problem, plan_of(cp, np.zeros(0, np.int64)), SolveStatus.OPTIMAL, -math.inf,
                        t0, "presolve", stats, log)
     sp = Space(cp)
-    x0 = _start(cp, sp) if heuristic else None
+    x0 = start_plan(cp, sp) if heuristic else None
     if x0 is not None:
         inc.offer("construct", plan_of(cp, x0))
     elif inc.plan is not None:
@@ -352,7 +344,7 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
                     return _finish(problem, inc.plan, SolveStatus.OPTIMAL, lpb, t0, "lp", stats, log)
         log(f"MIP ({mip_solver}) with {left():.1f}s left")
         r = solve_compact(cp, max(left(), 0.1), x0, rel_gap=rel_gap, seed=seed, solver=mip_solver,
-                          form=memory_form, lean=False)
+                          form=memory_form)
         log(f"MIP: objective {r.objective:.10g} bound {r.bound:.10g} optimal {r.optimal} "
             f"in {r.seconds:.1f}s ({r.solves} solves, {r.rows.size} memory rows)")
         if r.bound == math.inf and inc.plan is None:

@@ -37,6 +37,8 @@ class ModelCase:
     batch_size: int
     tp: TPPlan
     per_device: int  # samples per device in the real-topology cases
+    meshes: tuple[str, ...] | None = None  # virtual meshes measured (None: all of them)
+    ir_graph: bool = False  # plan on the lazy core's IR (what AUTO sees) instead of a make_fx trace
 
 
 def _gpt2(layers: int, d: int, heads: int) -> ModelCase:
@@ -86,6 +88,7 @@ def real_topologies() -> dict[str, tuple[Topology, int]]:
     v5e, h100 = PRESETS["tpu-v5e"], PRESETS["h100"]
     return {
         "8x H100 (2x4)": (Topology(("data", "model"), (2, 4), (h100.fast, h100.fast), h100.device, "h100"), 8),
+        "TPU v5e 2x4": (Topology(("data", "model"), (2, 4), (v5e.fast, v5e.fast), v5e.device, "tpu-v5e"), 8),
         "TPU v5e 4x4": (Topology(("data", "model"), (4, 4), (v5e.fast, v5e.fast), v5e.device, "tpu-v5e"), 16),
         "2x v5e-16 (DCN x ICI)": (Topology(("data", "model"), (2, 16), (v5e.slow, v5e.fast), v5e.device,
                                            "tpu-v5e"), 32),

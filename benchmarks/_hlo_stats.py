@@ -138,8 +138,7 @@ def time_executable(compiled: Any, reps: int, warmup: int = 1) -> list[float]:
     """
     import jax
 
-    infos = jax.tree.leaves(compiled.args_info)
-    shardings = jax.tree.leaves(compiled.input_shardings)
+    infos, shardings = _arg_layout(compiled)
 
     def fresh() -> list:
         args = [jax.device_put(np.zeros(i._aval.shape, i._aval.dtype), s) for i, s in zip(infos, shardings)]
@@ -155,6 +154,18 @@ def time_executable(compiled: Any, reps: int, warmup: int = 1) -> list[float]:
     return times
 
 
+def _arg_layout(compiled: Any) -> tuple[list, list]:
+    """Per argument of ``compiled``: its abstract value and its sharding (None: the program does not use it)."""
+    import jax
+
+    infos = jax.tree.leaves(compiled.args_info)
+    # NOTE: an unused argument's sharding is None; flattening it away would shift every later position
+    shardings = jax.tree.flatten(compiled.input_shardings, is_leaf=lambda x: x is None)[0]
+    if len(shardings) != len(infos):
+        raise ValueError(f"{len(infos)} arguments but {len(shardings)} input shardings")
+    return infos, shardings
+
+
 def time_interleaved(executables: dict[str, Any], reps: int, warmup: int = 1) -> dict[str, list[float]]:
     """Seconds per call of each executable, timed round-robin (one call of each per round).
 
@@ -166,7 +177,7 @@ def time_interleaved(executables: dict[str, Any], reps: int, warmup: int = 1) ->
     """
     import jax
 
-    layouts = {k: (jax.tree.leaves(c.args_info), jax.tree.leaves(c.input_shardings)) for k, c in executables.items()}
+    layouts = {k: _arg_layout(c) for k, c in executables.items()}
     times: dict[str, list[float]] = {k: [] for k in executables}
     names, rng = list(executables), random.Random(0)
     for r in range(warmup + reps):

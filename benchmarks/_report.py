@@ -84,6 +84,18 @@ def summary_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def guard_table(rows: list[dict]) -> str:
+    """The plan-quality guard per case where it spoke: what AUTO ties, what forced it, the largest layouts."""
+    head = ["model", "mesh / system", "guard", "compared with", "ops that forced it", "cannot split", "largest tensors"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r["strategy"] == "auto" and r.get("guard"):
+            cells = [r["model"], r["where"], r["guard"], r.get("reference", ""), r.get("forced_by", ""),
+                     r.get("unsplittable", ""), r.get("largest", "")]
+            lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else "The guard found no case where AUTO ties a baseline."
+
+
 def full_table(rows: list[dict]) -> str:
     """Every (model, case, strategy) row."""
     head = ["model", "mesh / system", "strategy", "modelled ms", "MFU", "modelled peak MiB", "measured ms",

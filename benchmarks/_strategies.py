@@ -43,11 +43,14 @@ class TPPlan:
     """Megatron roles by parameter-name regex: ``row`` (input dim) and ``vocab`` (dim 0 of an embedding).
 
     Every other 2-D weight (and its 1-D bias) is column-parallel unless ``replicate`` matches.
+    ``transposed`` weights are stored ``[in, out]`` (HF GPT-2's ``Conv1D``): their column
+    split is dim 1 and their row split dim 0.
     """
 
     row: str
     vocab: str = r"$^"
     replicate: str = r"norm|ln_|pos|cls_token|wpe"
+    transposed: str = r"$^"
 
     def role(self, name: str, ndim: int) -> str:
         weight = name[:-len("bias")] + "weight" if name.endswith("bias") else name
@@ -71,6 +74,8 @@ def _dim(rule: str, role: str, name: str, shape: tuple[int, ...], tp: TPPlan) ->
     if rule == "fsdp":
         return max(range(len(shape)), key=lambda d: (shape[d], -d))
     kind = tp.role(name, len(shape))
+    if len(shape) == 2 and re.search(tp.transposed, name):
+        return {"rep": None, "vocab": 0, "row": 0, "col": 1}[kind]
     return {"rep": None, "vocab": 0, "row": 1, "col": 0}[kind]
 
 

@@ -1,6 +1,8 @@
 """Benchmark: AUTO sharding vs manual strategies (DP, FSDP, Megatron TP, 2D, DCN-DP x ICI-FSDP/TP).
 
-For every model (GPT-2 x2 sizes, Llama, wide MLP, ViT) and strategy it reports:
+For every model (the project's own: GPT-2 x2 sizes, Llama, wide MLP, ViT; third-party, planned
+on the lazy IR as AUTO sees them: HF GPT-2, Llama (GQA), GPT-Neo, BERT, T5, Mixtral and timm
+ViT, see :mod:`benchmarks._zoo_cases`) and strategy it reports:
 
 * on the 8 virtual CPU devices (meshes 1x8, 2x4, 4x2, 2 granules x 4): the measured
   steady-state step of the compiled executable (median of calls timed round-robin with
@@ -9,16 +11,18 @@ For every model (GPT-2 x2 sizes, Llama, wide MLP, ViT) and strategy it reports:
   peak bytes per device from the executable's memory analysis;
 * the modelled step time (autoshard's cost model, on the ``cpu`` preset for the virtual
   meshes, and on 8x H100, TPU v5e 4x4 and 2 slices of v5e-16 over DCN) and MFU;
-* AUTO's solve time.
+* AUTO's solve time, and the plan-quality guard's verdict where AUTO ties a baseline
+  (:mod:`autoshard.guard`: what it ties and the ops that forced it).
 
 Writes ``benchmarks/results/auto_vs_manual.md`` (all rows), ``auto_vs_manual_summary.md``
 (AUTO against the best manual strategy per case, spliced into README.md by
 ``--update-readme``) and ``auto_vs_manual_*.png``.
 
-    PYTHONPATH=. python benchmarks/auto_vs_manual.py [--quick] [--update-readme] [--only MODEL[,MESH]]
+    PYTHONPATH=. python benchmarks/auto_vs_manual.py [--quick] [--update-readme] [--only MODEL[,MESH]] [--group zoo]
 
 ``--only gpt2-2L-128,4x2`` measures one case (results go to ``auto_vs_manual_only.*``,
-the full tables are left alone).
+the full tables are left alone); ``--group own`` / ``--group zoo`` runs the project's own
+or the third-party models (results in ``auto_vs_manual_<group>.*``).
 """
 from __future__ import annotations
 
@@ -26,10 +30,13 @@ import mesh  # noqa: F401  (virtual devices before JAX)
 
 import argparse
 import json
+import math
 import sys
 import time
+import traceback
 import warnings
 from pathlib import Path
+from typing import Any
 
 from autoshard.api import axis_kinds, solve
 from autoshard.fx_builder import trace_training_step
@@ -38,6 +45,7 @@ from benchmarks._cases import MODELS, ModelCase, real_topologies, virtual_meshes
 from benchmarks._hlo_stats import median, time_interleaved
 from benchmarks._measure import measure
 from benchmarks._strategies import MANUAL, auto_specs, build, manual_specs, modelled, step_flops
+from benchmarks._zoo_cases import ZOO_CASES, ir_graph
 from mesh import topology_for
 from xla_dtensor.spmd import AutoPolicy
 
@@ -51,7 +59,24 @@ def _trace(case: ModelCase, batch_size: int):
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        if case.ir_graph:
+            return ir_graph(case, batch_size)
         return trace_training_step(case.make(), case.batch(batch_size), name=case.name)
+
+
+def _plan_notes(plan) -> dict:
+    """The guard's verdict (where AUTO ties a baseline), the ops that forced it, the largest tensors' layouts."""
+    from autoshard.guard import verdict
+    from autoshard.spec import spec_str
+
+    guard = plan.stats.get("guard") or {}
+    forced = [f"{r['node']} ({r['why']})" for r in (guard.get("forced_by") or [])[:2]]
+    whole = [f"{r['op']} x{r['count']}" for r in (guard.get("unsplittable") or [])[:2]]
+    params = sorted((k for k, r in plan.roles.items() if r == "param"),
+                    key=lambda k: -math.prod(plan.shapes.get(k, ())))[:3]
+    return dict(guard=verdict(guard) or "", forced_by="; ".join(forced), unsplittable=", ".join(whole),
+                largest=", ".join(f"{k} {spec_str(plan.placements[k])}" for k in params),
+                reference=guard.get("reference", ""))
 
 
 def _solve(graph, mesh_or_none, topo, budget):
@@ -86,7 +111,8 @@ def run_case(case: ModelCase, graph, where: str, mesh_obj, topo, devices: int, m
         row = dict(model=case.name, where=where, topology=topo.name, devices=devices, strategy=strat,
                    modelled_ms=cost * 1e3, mfu=flops / (cost * topo.device.peak_flops * devices),
                    modelled_peak_mib=peak / 2**20, budget_mib=budget / 2**20, fits=bool(ok),
-                   solve_s=solve_s if strat == "auto" else None, status=plan.status if strat == "auto" else "")
+                   solve_s=solve_s if strat == "auto" else None, status=plan.status if strat == "auto" else "",
+                   **(_plan_notes(plan) if strat == "auto" else {}))
         if measure_it:
             policy = AutoPolicy(memory_budget=budget, time_limit=SOLVE_LIMIT, topology=topo, cache_dir=False)
             row.update(measure(case, mesh_obj, None if strat == "auto" else specs, args.steps, args.reps, seen,
@@ -112,19 +138,32 @@ def _interleaved(rows: list[dict], seen: dict, reps: int) -> None:
     print("  interleaved: " + ", ".join(f"{_report.SHORT[r['strategy']]} {r['exec_ms']:.1f}" for r in rows), flush=True)
 
 
+FAILED: list[str] = []  # "model / case: error" of cases that raised (the run goes on; the report lists them)
+
+
+def _guarded(case: ModelCase, where: str, fn: Any) -> list[dict]:
+    try:
+        return fn()
+    except Exception as err:  # noqa: BLE001  NOTE: one failing case must not lose an hours-long run; reported
+        traceback.print_exc()
+        FAILED.append(f"{case.name} / {where}: {type(err).__name__}: {str(err).splitlines()[0][:300]}")
+        return []
+
+
 def run(models: list[ModelCase], mesh_names: list[str], topo_names: list[str], args) -> list[dict]:
     rows: list[dict] = []
     meshes, reals = virtual_meshes(), real_topologies()
     for case in models:
         seen: dict = {}
         graph = _trace(case, case.batch_size)
-        for name in mesh_names:
+        for name in (m for m in mesh_names if case.meshes is None or m in case.meshes):
             m = meshes[name]
-            rows += run_case(case, graph, name, m, topology_for(m, "cpu"), 8, True, args, seen)
+            rows += _guarded(case, name, lambda: run_case(case, graph, name, m, topology_for(m, "cpu"), 8, True,
+                                                          args, seen))
         for name in topo_names:
             topo, n = reals[name]
             g = graph if n * case.per_device == case.batch_size else _trace(case, n * case.per_device)
-            rows += run_case(case, g, name, None, topo, n, False, args, seen)
+            rows += _guarded(case, name, lambda: run_case(case, g, name, None, topo, n, False, args, seen))
     return rows
 
 
@@ -153,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="only splice results/auto_vs_manual_summary.md into README.md and exit")
     ap.add_argument("--steps", type=int, default=5, help="timed lazy steps after warm-up")
     ap.add_argument("--reps", type=int, default=15, help="timed calls of the compiled step")
-    ap.add_argument("--models", nargs="*", default=None, help=f"subset of {[c.name for c in MODELS]}")
+    ap.add_argument("--models", nargs="*", default=None, help=f"subset of {[c.name for c in MODELS + ZOO_CASES]}")
+    ap.add_argument("--group", choices=("all", "own", "zoo"), default="all",
+                    help="the project's own models, the third-party ones (HF, timm) or both")
     ap.add_argument("--only", default=None, metavar="MODEL[,MESH]",
                     help="one model, and optionally one mesh or modelled system (e.g. gpt2-2L-128,4x2)")
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -161,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.update_readme:
         _report.update_readme(args.out / "auto_vs_manual_summary.md", Path(__file__).parent.parent / "README.md")
         return 0
-    models = [c for c in MODELS if args.models is None or c.name in args.models]
+    pool = {"all": MODELS + ZOO_CASES, "own": MODELS, "zoo": ZOO_CASES}[args.group]
+    models = [c for c in pool if args.models is None or c.name in args.models]
     mesh_names, topo_names = list(virtual_meshes()), list(real_topologies())
     if args.quick:
         models, mesh_names, topo_names = models[:1], ["2x4"], topo_names[:1]
@@ -171,12 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows = run(models, mesh_names, topo_names, args)
     args.out.mkdir(parents=True, exist_ok=True)
-    suffix = "_only" if args.only else "_quick" if args.quick else ""
+    suffix = "_only" if args.only else "_quick" if args.quick else "" if args.group == "all" else f"_{args.group}"
     (args.out / f"auto_vs_manual{suffix}.json").write_text(json.dumps(rows, indent=1, default=str))
     full, summary = _report.full_table(rows), _report.summary_table(rows)
     head = f"Generated by `python benchmarks/auto_vs_manual.py{' --quick' if args.quick else ''}` " \
            f"in {time.perf_counter() - t0:.0f} s.\n\n"
-    (args.out / f"auto_vs_manual{suffix}.md").write_text(head + summary + "\n\n## All rows\n\n" + full + "\n")
+    guard = "\n\n## Plan-quality guard (cases where AUTO is no better than a baseline)\n\n" + _report.guard_table(rows)
+    if FAILED:
+        guard += "\n\n## Cases that failed\n\n" + "\n".join(f"- {f}" for f in FAILED)
+    (args.out / f"auto_vs_manual{suffix}.md").write_text(head + summary + guard + "\n\n## All rows\n\n" + full + "\n")
     if not suffix:
         (args.out / "auto_vs_manual_summary.md").write_text(summary + "\n")
     _report.plots(rows, args.out, suffix)

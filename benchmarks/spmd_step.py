@@ -3,16 +3,18 @@
 One step of the GPT-2 of ``benchmarks/models`` (4 layers, d=256, vocab 1024, sequence
 128, batch 8, SGD) on four layouts: one device, 8-way data parallel (batch split on
 ``data``, parameters unannotated), 2x4 Megatron (``mark_sharding`` on the blocks'
-weights and biases, batch split on ``data``) and ``partition_fn="AUTO"`` on the 2x4 mesh.
-Each layout runs three ways: the same model written in JAX (``benchmarks/models/gpt2_jax.py``,
-weights copied) under ``jax.jit`` with the parameter shardings the torch model ended up
-with and the same batch sharding; lazy mode (the step, then ``sync()``); and
+weights and biases, batch split on ``data``) and ``partition_fn="AUTO"`` on the 2x4 mesh
+(its batch placed in the plan's input layout once the plan exists). Each layout runs
+three ways: the same model written in JAX (``benchmarks/models/gpt2_jax.py``, weights
+copied) under ``jax.jit`` with the parameter shardings the torch model ended up with and
+the same batch sharding; lazy mode (the step, then ``sync()``); and
 ``compile(train_step)``. Per way: the median step time (back-to-back steps, then a
 wait), the median CPU time of the calling thread in one step call (the host cost:
 XLA's compute runs on other threads), traces/replays, and ratios to JAX. The rounds are
 interleaved (JAX, lazy, compile, JAX, ...) so that load from other processes falls on all
-three alike. Prints the table, saves ``benchmarks/results/spmd_step.{md,png}``. A
-benchmark, not a test.
+three alike. Last, what the periodic re-check of ``compile`` (``config.compile_check_every``)
+costs: the CPU of a call that re-traces and compares, amortized over periods. Prints the
+tables, saves ``benchmarks/results/spmd_step.{md,png}``. A benchmark, not a test.
 
 Usage: PYTHONPATH=. python benchmarks/spmd_step.py [--rows one,dp,tp,auto] [--rounds 5] [--steps 4]
 [--layers 4] [--no-save]
@@ -120,6 +122,16 @@ def jax_runner(base: GPT2, laid_out: GPT2, xd: torch.Tensor, yd: torch.Tensor) -
     return run
 
 
+def _batch_spec(model: GPT2) -> tuple:
+    """The AUTO plan's layout of the model's first input, as a partition spec on the 2x4 mesh."""
+    spec: list[Any] = [None, None]
+    for axis, p in zip(("data", "model"), model._auto_plan.placements["input:0"]):
+        if isinstance(p, tuple) and p[0] == "S":
+            d = p[1]
+            spec[d] = axis if spec[d] is None else (*([spec[d]] if isinstance(spec[d], str) else spec[d]), axis)
+    return tuple(spec)
+
+
 def _block(out: Any) -> None:
     if isinstance(out, jax.Array):
         out.block_until_ready()
@@ -155,7 +167,15 @@ def bench_row(row: str, base: GPT2, x: torch.Tensor, y: torch.Tensor, rounds: in
     before = metrics.snapshot()
     runs = {"lazy": lazy, "compile": lambda: cstep(mc, optc, xc, yc)}
     for run in runs.values():  # warm up: plans, layouts settled, programs compiled
-        for _ in range(3):
+        for _ in range(2):
+            run()
+    if row == "auto":  # the batch placed in the plan's input layout, as the other rows place theirs
+        spec = _batch_spec(mc)
+        mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
+        for t in (xl, yl, xc, yc):
+            xs.mark_sharding(t, mesh, spec)
+    for run in runs.values():
+        for _ in range(2):
             run()
     runs = {"pure JAX": jax_runner(base, mc, xc, yc), **runs}
     cpu: dict[str, list] = {k: [] for k in runs}
@@ -170,7 +190,33 @@ def bench_row(row: str, base: GPT2, x: torch.Tensor, y: torch.Tensor, rounds: in
     for k in runs:
         out[k] = {"step": statistics.median(step[k]), "step_min": min(step[k]), "step_max": max(step[k]),
                   "cpu": statistics.median(cpu[k])}
+    out["recheck"] = statistics.median(_recheck_cpu(runs["compile"], steps))
     return out
+
+
+def _recheck_cpu(run: Callable[[], Any], steps: int) -> list[float]:
+    """Thread CPU ms of compile calls that are all periodic re-checks (``compile_check_every=1``:
+    traced again and compared with the cached program, whose executable is reused)."""
+    old = xla_dtensor.config.compile_check_every
+    xla_dtensor.config.compile_check_every = 1
+    try:
+        return measure(run, steps)[0]
+    finally:
+        xla_dtensor.config.compile_check_every = old
+
+
+def recheck_table(results: list[dict], periods: tuple[int, ...] = (10, 20, 50, 100)) -> str:
+    """What ``config.compile_check_every = P`` adds per call: (re-check - replay) / P, in ms, as a
+    share of the replay's host CPU and of the step."""
+    head = ("| layout | re-check ms | replay ms | "
+            + " | ".join(f"P={p}: ms/call (x replay, % step)" for p in periods) + " |")
+    lines = [head, "|---" * (3 + len(periods)) + "|"]
+    for r in results:
+        c = r["compile"]
+        extra = [(r["recheck"] - c["cpu"]) / p for p in periods]
+        lines.append(f"| {TITLES[r['row']]} | {r['recheck']:.1f} | {c['cpu']:.2f} | " + " | ".join(
+            f"{e:.2f} ({e / c['cpu']:.2f}x, {100 * e / c['step']:.2f}%)" for e in extra) + " |")
+    return "\n".join(lines)
 
 
 def table(results: list[dict]) -> str:
@@ -192,8 +238,8 @@ def targets(results: list[dict]) -> str:
     lines = []
     for r in results:
         c, j = r["compile"], r["pure JAX"]
-        lines.append(f"{TITLES[r['row']]}: compile host {c['cpu']:.2f} ms (target <= 2), step {c['step'] / j['step']:.3f}x "
-                     f"JAX (target <= 1.05); lazy host {r['lazy']['cpu']:.1f} ms"
+        lines.append(f"{TITLES[r['row']]}: compile host {c['cpu']:.2f} ms (target <= 2), step "
+                     f"{c['step'] / j['step']:.3f}x JAX (target <= 1.05); lazy host {r['lazy']['cpu']:.1f} ms"
                      + (f" ({r['lazy']['cpu'] / one['lazy']['cpu']:.2f}x one device, target <= 1.2)"
                         if one is not None and r is not one else " (target <= 20 on one device)"))
     return "\n".join(lines)
@@ -235,7 +281,8 @@ def main() -> None:
             raise SystemExit(f"unknown row {row!r}; rows are {', '.join(ROWS)}")
         results.append(bench_row(row, base, x, y, a.rounds, a.steps))
         print(f"{TITLES[row]}: done", flush=True)
-    text = table(results) + "\n\n" + targets(results)
+    text = (table(results) + "\n\n" + targets(results) + "\n\nPeriodic re-check (config.compile_check_every = P):\n\n"
+            + recheck_table(results))
     print(text)
     if not a.no_save:
         RESULTS.mkdir(exist_ok=True)

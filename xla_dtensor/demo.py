@@ -134,6 +134,13 @@ def show_comparison(console: Console, size: DemoSize, m: Mesh, auto_times: list[
         table.add_row(name, f"{b['cost'] * 1e3:.3f} ms", f"{b['cost'] / plan.objective:.2f}x",
                       f"{b['peak_memory'] / MiB:.2f} MiB", here)
     console.print(table)
+    from autoshard.guard import verdict
+
+    quality = verdict(plan.stats.get("guard") or {})
+    if quality:
+        forced = ", ".join(r["node"] for r in (plan.stats["guard"].get("forced_by") or [])[:3])
+        console.print(f"[yellow]Plan quality: {quality}" + (f"; forced by {forced}" if forced else "")
+                      + " (plan.explain() has the table).")
     if dp_ms is not None and auto_ms > 1.1 * dp_ms:
         console.print(f"[yellow]Measured here, AUTO is {auto_ms / dp_ms:.1f}x slower than data parallel: the "
                       f"{plan.topology!r} preset's link model is far cheaper than collectives between virtual "

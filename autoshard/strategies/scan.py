@@ -23,9 +23,7 @@ from autoshard.strategies.registry import register
 # op packet -> position of its dim argument and its default
 _DIM_AT = {"aten.topk": (2, -1), "aten.sort": (1, -1), "aten.argsort": (1, -1), "aten.kthvalue": (2, -1),
            "aten.cumsum": (1, None), "aten.cumprod": (1, None), "aten.cummax": (1, None),
-           "aten.cummin": (1, None), "aten.logcumsumexp": (1, None), "aten._cummax_helper": (3, None),
-           "aten._cummin_helper": (3, None), "aten.msort": (None, 0)}
-_KEEPDIM = ("aten.kthvalue",)
+           "aten.cummin": (1, None), "aten.logcumsumexp": (1, None), "aten.msort": (None, 0)}
 
 
 @register(*_DIM_AT)
@@ -36,8 +34,9 @@ def along_dim(node: Node, graph: Graph) -> DimRule:
     pos, default = _DIM_AT[packet]
     dim = node.args[pos] if pos is not None and len(node.args) > pos and isinstance(node.args[pos], int) \
         and not isinstance(node.args[pos], bool) else default
-    if dim is None:
-        dim = 0  # a keyword-only dim: keep dim 0 whole (conservative)
+    if dim is None:  # a required dim the graph did not record: keep every dim whole
+        return DimRule(tuple((None,) * m.ndim for m in ins(node, graph)), tuple((None,) * o.ndim for o in node.outputs),
+                       follower=True, flops=4.0 * max(1, x.numel))
     labels = dims("d", x.ndim)
     if x.ndim:
         d = norm_dim(dim, x.ndim)

@@ -80,7 +80,7 @@ def test_random_matches_brute_force(seed: int, memory: str) -> None:
     _check_against_brute(random_problem(seed, memory))
 
 
-@pytest.mark.parametrize("kw", [dict(memory_form="incremental"), dict(lp_first=False),
+@pytest.mark.parametrize("kw", [dict(memory_form="incremental"), dict(lp_first=True),
                                 dict(mip_solver="highs", lp_first=False)])
 @pytest.mark.parametrize("seed", range(25, 40))
 def test_random_matches_brute_force_variants(seed: int, kw: dict) -> None:

@@ -158,9 +158,25 @@ def run_block(b: Block, ns: dict, env: dict) -> tuple[str, str]:
     return ("fail", problem) if problem else ("pass", "")
 
 
+def _as_python_at_the_root() -> None:
+    """Like ``python`` started in the repository root: the root first on ``sys.path``; and
+    the test suite's torchvision fix (its C++ ops do not load on CPU torch, which breaks
+    ``import transformers``/``timm``), loaded by path, as tests/integration does."""
+    sys.path.insert(0, str(ROOT))
+    shim = ROOT / "benchmarks" / "models" / "torchvision_shim.py"
+    if shim.exists():
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("_docs_torchvision_shim", shim)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its Library objects must outlive this call
+        spec.loader.exec_module(module)
+        module.install()
+
+
 def main(tier: str, results: str, only: str = "") -> None:
     if os.environ.get(_NESTED):
         raise SystemExit("the doc runner was started from a doc block; refusing to recurse")
+    _as_python_at_the_root()
     env = dict(os.environ, **{_NESTED: "1"})
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     by_page: dict[str, list[Block]] = {}

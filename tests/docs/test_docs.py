@@ -3,8 +3,8 @@
 How blocks are run and marked is documented in docs/README.md. The fast blocks run in
 one child interpreter (pages in order, one namespace per page); blocks marked
 ``<!-- docs-test: slow -->`` run in a second one, only with ``-m slow``
-(``python3 dev.py test -m slow tests/docs``). The child sees only the installed
-packages (tests/_fresh_clone.py), as a user does.
+(``python3 dev.py test -m slow tests/docs``). The child runs blocks as if pasted into
+``python`` started in the repository root.
 """
 from __future__ import annotations
 

@@ -50,6 +50,7 @@ def _cases(tmp: Path) -> list[tuple[str, list[str], str]]:
     return [
         # python -m autoshard plan
         (plan, ["--mesh", "2x2x2x2"], "2x2x2x2"),
+        (plan, ["--mesh", "1x1x2x4"], "drop size-1 axes (2x4)"),
         (plan, ["--mesh", "0x4"], "0x4"),
         (plan, ["--mesh", "2by4"], "2by4"),
         (plan, ["--mesh", "2x40000x4"], "320000 devices"),

@@ -283,16 +283,18 @@ def sync(wait: bool = False, *, pre_hooks: bool = True) -> None:
             held.add(id(v))
         else:
             pending.append(s)
-    checks = index_checks.runnable(index_checks.take()) if index_checks.PENDING else []
+    checks, check_roots = index_checks.take() if index_checks.PENDING else ([], [])
     if not pending and not checks:
+        if index_checks.LAUNCHED:
+            index_checks.verify_launched()
         return
     pending.sort(key=_seq)
     for hook in PRE_SYNC if pre_hooks else ():
         hook(pending)
-    roots = [s.value for s in pending] + [c.node for c in checks]
+    roots = [s.value for s in pending] + check_roots
     plan = _plan(roots)  # NOTE: one walk of the graph, shared with execute (a second one cost ~10% of a sync)
     donate = {id(n) for n in plan.leaves if n.op == DATA and id(n) not in held and isinstance(n.data, jax.Array)}
-    arrays = execute(roots, donate, [s.donor for s in pending] + [None] * len(checks), plan)
+    arrays = execute(roots, donate, [s.donor for s in pending] + [None] * len(check_roots), plan)
     for s, arr in zip(pending, arrays):
         s.value = data_leaf(arr, s.meta[0], s.meta[1])
         s.version += 1
@@ -300,7 +302,12 @@ def sync(wait: bool = False, *, pre_hooks: bool = True) -> None:
         hook(pending)
     if wait:
         jax.block_until_ready(arrays)
-    index_checks.verify(checks, arrays[len(pending):])
+    if index_checks.LAUNCHED:
+        index_checks.verify_launched()  # programs launched before this one: waiting on them keeps ours queued
+    if wait:
+        index_checks.verify(checks, arrays[len(pending):])
+    else:
+        index_checks.launched(checks, arrays[len(pending):])
 
 
 def _seq(s: Storage) -> int:
@@ -315,21 +322,24 @@ def wait() -> None:
     """Block until every computation launched so far has finished."""
     arrays = [s.value.data for s in list(LIVE) if s.value.fn is None and isinstance(s.value.data, jax.Array)]
     jax.block_until_ready(arrays)
+    index_checks.verify_launched()
 
 
 def materialize(t: LazyTensor) -> Any:
     """The array of ``t``'s current value, computing only what it needs (and pending index checks)."""
-    checks = index_checks.runnable(index_checks.take()) if index_checks.PENDING else []
+    checks, check_roots = index_checks.take() if index_checks.PENDING else ([], [])
     v = value_of(t)
     if v.fn is None:
-        if checks:
-            index_checks.verify(checks, execute([c.node for c in checks]))
+        if checks or index_checks.LAUNCHED:
+            index_checks.verify_launched()
+            index_checks.verify(checks, execute(check_roots) if checks else [])
         return v.data
-    arr, *checked = execute([v] + [c.node for c in checks])
+    arr, *checked = execute([v] + check_roots)
     if not t._chain and not any(keep(t._storage) for keep in KEEP_PENDING):
         # NOTE: a view keeps its pending value: a cached leaf could be donated later
         t._storage.value = data_leaf(arr, t._meta[0], t._meta[1])
         t._storage.version += 1
+    index_checks.verify_launched()
     index_checks.verify(checks, checked)
     return arr
 

@@ -5,10 +5,12 @@ negative indices wrap. torch CPU raises. With the checks on, each indexing op
 (``embedding``, ``x[idx]``, ``index_select``, ``gather``, ``take``, ``index_put``,
 ``scatter*``, ``index_add/copy/fill``, ``nll_loss``) also records a small check node
 (whether any index is out of range, and the first such index). The next barrier
-(``sync()``, ``.item()``, ``.cpu()``) computes the checks with its program, reads them
-(one small host transfer; it waits for the program) and raises torch's exception type
-naming the op, the offending index and the user's source line. The values the step
-computed are kept (with the clamped reads).
+(``sync()``, ``.item()``, ``.cpu()``) computes the checks with its program. A host read
+(``.item()``, ``.cpu()``), ``wait()`` and ``sync(wait=True)`` then read them (one small
+transfer) and raise torch's exception type naming the op, the offending index and the
+user's source line; a plain ``sync()`` reads them at the next barrier after it, once
+it has launched its own program, so tracing the next step still overlaps running this
+one. The values the step computed are kept (with the clamped reads).
 
 Default (``check_indices = None``): on in eager mode, off in lazy mode. Inside
 ``xla_dtensor.compile`` indices are not checked (a replay runs no Python).
@@ -24,7 +26,6 @@ Example:
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -54,11 +55,15 @@ class Check(NamedTuple):
     where: str
 
 
-PENDING: list[Check] = []
+PENDING: list[Check] = []  # recorded, not yet computed
+LAUNCHED: list[tuple[list[Check], list[Any]]] = []  # computed by a launched program, not yet read
 
 
 def active() -> bool:
     """Whether ops are checked now: ``config.check_indices``, or by default in eager mode."""
+    from xla_dtensor.core import executor
+    if executor.CAPTURING[0]:
+        return False  # xla_dtensor.compile records the function: a replay runs no Python to check with
     mode = config.check_indices
     if mode is None:
         if _dispatch_mod.dispatch is _DISPATCH:
@@ -195,34 +200,41 @@ def install() -> None:
             SPECIAL[op] = handler
 
 
-def take() -> list[Check]:
-    """The pending checks (cleared): the caller computes their nodes with its program."""
+def _stack(*checks: Any) -> Any:
+    return jnp.stack(checks)
+
+
+def take() -> tuple[list[Check], list[Node]]:
+    """The pending checks (cleared), and the one node computing them all ([] if none).
+
+    The caller adds the node to its program; its value (int64[k, 2]) goes to :func:`verify`.
+    """
     if not PENDING:
-        return []
-    out = PENDING[:]
+        return [], []
+    checks = PENDING[:]
     PENDING.clear()
-    return out
+    key = ("check_indices", len(checks))
+    return checks, [make_node("check_indices", key, hash(key), tuple(c.node for c in checks), _stack)]
+
+
+def launched(checks: list[Check], arrays: list[Any]) -> None:
+    """Remember checks a launched program computes, to read at the next barrier."""
+    if checks:
+        LAUNCHED.append((checks, arrays))
+
+
+def verify_launched() -> None:
+    """Read the checks of programs launched earlier; raise for the first that failed (each read once)."""
+    while LAUNCHED:
+        checks, arrays = LAUNCHED.pop(0)
+        verify(checks, arrays)
 
 
 def verify(checks: list[Check], arrays: list[Any]) -> None:
-    """Raise torch's error for the first failed check (arrays: the checks' computed values)."""
+    """Raise torch's error for the first failed check (``arrays``: the value of :func:`take`'s node)."""
     if not checks:
         return
-    for c, (bad, index) in zip(checks, jax.device_get(list(arrays))):
+    for c, (bad, index) in zip(checks, jax.device_get(arrays[0])):
         if bad:
             text = c.message.format(index=int(index), dim=c.dim, size=c.size)
             raise c.error(f"{text} ({c.op} at {c.where}; found by xla_dtensor.config.check_indices)")
-
-
-def runnable(checks: list[Check]) -> list[Check]:
-    """``checks`` whose inputs still exist (a compiled replay may have donated a traced leaf's buffer)."""
-    from xla_dtensor.core.ir import topo_order
-    keep = []
-    for c in checks:
-        leaves = [n for n in topo_order([c.node]) if n.fn is None]
-        if any(getattr(n.data, "is_deleted", lambda: False)() for n in leaves):
-            warnings.warn(f"check_indices: {c.op} at {c.where} was not checked (its inputs were consumed by a "
-                          "compiled program)", stacklevel=3)
-            continue
-        keep.append(c)
-    return keep

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from xla_dtensor.jit.function import (CompiledFunction, DataDependentWarning, FreedInputWarning, GraphChangedWarning,
                                       UnevenLayoutWarning, compile)
+from xla_dtensor.jit.hidden import HiddenStateWarning
 
 __all__ = ["CompiledFunction", "DataDependentWarning", "FreedInputWarning", "GraphChangedWarning",
-           "UnevenLayoutWarning", "compile"]
+           "HiddenStateWarning", "UnevenLayoutWarning", "compile"]

@@ -56,8 +56,14 @@ def _sig(x: Any, flat: list) -> Any:
     return (tp, x)
 
 
-def signature(args: tuple, kwargs: dict, flat: list) -> tuple:
+HIDDEN = "hidden"
+
+
+def signature(args: tuple, kwargs: dict, flat: list, hidden: tuple = ()) -> tuple:
     """The call's signature; appends its tensors, modules and optimizers to ``flat``.
+
+    ``hidden``: the Python values the function reads from its globals and closure
+    (:mod:`xla_dtensor.jit.hidden`), as ``((name, snapshot), ...)``.
 
     Example:
         >>> import torch
@@ -68,6 +74,8 @@ def signature(args: tuple, kwargs: dict, flat: list) -> tuple:
     key = tuple([_sig(a, flat) for a in args])
     if kwargs:
         key += tuple([(k, _sig(v, flat)) for k, v in kwargs.items()])
+    if hidden:
+        key += ((HIDDEN, hidden),)
     return key + (torch.is_grad_enabled(),)
 
 
@@ -84,10 +92,34 @@ def describe_change(old: tuple, new: tuple) -> str:
         if a != b:
             if i == len(old) - 1:
                 return f"torch.is_grad_enabled() {a} -> {b}"
+            if _kind(a) == _kind(b) == HIDDEN:
+                return _hidden_change(a[1], b[1])
             if _kind(a) == _kind(b) == "O":
                 return f"argument {i}: optimizer {_optimizer_change(a, b)}"
             return f"argument {i}: {_words(a)} -> {_words(b)}"
     return "no argument changed"
+
+
+def _hidden_change(a: tuple, b: tuple) -> str:
+    """Which global or closure value differs between two ``hidden`` signature parts."""
+    old, new = dict(a), dict(b)
+    for name in sorted(set(old) | set(new)):
+        if old.get(name) != new.get(name):
+            return f"global or closure variable {name!r}: {_value(old.get(name))} -> {_value(new.get(name))}"
+    return "a global or closure variable changed"
+
+
+def _value(snap: Any) -> str:
+    """A :func:`xla_dtensor.jit.hidden.snapshot` back as text."""
+    if snap is None:
+        return "(not Python data)"
+    tp, v = snap
+    if tp is dict:
+        return "{" + ", ".join(f"{_value(k)}: {_value(x)}" for k, x in v) + "}"
+    if tp in (list, tuple, set, frozenset):
+        inner = ", ".join(_value(x) for x in v)
+        return {list: f"[{inner}]", tuple: f"({inner})"}.get(tp, "{" + inner + "}")
+    return repr(v)
 
 
 def _kind(s: Any) -> Any:

@@ -48,9 +48,9 @@ from xla_dtensor.core import tensor as T
 from xla_dtensor.core.ir import DATA, GETITEM, PARAM, Node
 from xla_dtensor.core.signature import op_info
 from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
-from xla_dtensor.jit import layouts
+from xla_dtensor.jit import layouts, padded
 from xla_dtensor.jit.args import chain_key
-from xla_dtensor.jit.names import tensor_names
+from xla_dtensor.jit.names import leaf_names, tensor_names
 from xla_dtensor.spmd import layout as L
 
 
@@ -83,7 +83,9 @@ class Capture:
     split_merge: bool = False   # storages merged by share_equal_scalars got different new values
     settle: list = field(default_factory=list)  # (leaf, weakrefs of its holders, layout) per input to settle
     names: list = field(default_factory=list)  # per leaf, the name of the tensor it is read from, or None
-    uneven: int = 0             # padded (unevenly sharded) values the program reads or writes
+    uneven: int = 0             # padded (unevenly sharded) values other than uneven storages' reads and writes
+    padded_in: set = field(default_factory=set)  # leaves read as the padded data under an uneven storage's value
+    unpad: dict = field(default_factory=dict)  # written storage index -> (shape, sharding) to unpad its result to
     keys: list = field(default_factory=list)  # per node (topological order), its key (for messages)
     node_names: dict = field(default_factory=dict)  # node position of a leaf -> names[leaf]
 
@@ -205,7 +207,8 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     out_tensors = [t for t in out_leaves if isinstance(t, LazyTensor)]
     layouts.run_hooks(list(LIVE))  # NOTE: every pending storage, as sync() would: a path that syncs next skips them
     roots = _roots(wstorages, grads, out_tensors)
-    mesh = _settle_layouts(roots, wstorages, written_old, grads, flat, start)
+    mesh = layouts.settle_state(executor._plan(roots), wstorages, written_old, [ref() for ref, _ in grads],
+                                [x for x in flat if isinstance(x, torch.optim.Optimizer)], start)
     if mesh is not None:
         roots = _roots(wstorages, grads, out_tensors)
     out_items = [("t", t._meta) if isinstance(t, LazyTensor) else ("py", t) for t in out_leaves]
@@ -216,12 +219,9 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     at = {p: k for k, p in enumerate(outs)}
     res_of = [at[p] for p in plan.outs]
     order_ops = [str(n.op) for n in plan.order]
-    holders: dict[int, list] = {}  # id(value before the call) -> [(storage id, ref)] of the live storages holding it
-    held: dict[int, list] = {}  # the same over every storage of the call's start, freed ones included
-    for sid, (ref, old) in before.items():
-        held.setdefault(id(old), []).append(sid)
-        if ref() is not None:
-            holders.setdefault(id(old), []).append((sid, ref))
+    # id(value before the call) -> [(storage id, ref)] of the live storages holding it; the same over every
+    # storage of the call's start, freed ones included; the padded leaves under uneven storages
+    holders, held, padded_ids = padded.holders_with_padded(before)
     sources = _sources(leaves, holders, held, grad_at, arg_of, flat)
     written_res = dict(zip(written, res_of))
     aliases, split = _aliases(leaves, holders, written_res)
@@ -229,7 +229,7 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     donate = tuple(i for i, n in enumerate(leaves) if sources[i][0] in ("arg", "cap") and executor.donatable(n)
                    and all(sid in written_res for sid, _ in holders[id(n)]))
     leaf_at = {id(n): i for i, n in enumerate(leaves)}
-    state_leaf = [leaf_at.get(id(old), -1) for old in written_old]
+    state_leaf = [leaf_at.get(id(padded.read_leaf(old)), -1) for old in written_old]
     cap = Capture(roots, leaves, struct, fns, wiring, outs, order_ops, sources, state, grads, out_items,
                   out_spec, donate, state_leaf, escaped, host_reads)
     cap.shardings, cap.res_of, cap.aliases, cap.split_merge = plan.shardings, res_of, aliases, split
@@ -240,9 +240,11 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
         rep = layouts.replicated(mesh)
         cap.settle = [(n, [ref for _, ref in holders.get(id(n), ())], rep) for i, n in enumerate(leaves)
                       if sources[i][0] in ("cap", "grad") and layouts.single_device(n)]
-    cap.names = _leaf_names(sources, holders, tensor_names(flat), flat)
+    cap.names = leaf_names(sources, tensor_names(flat), flat)
     cap.keys = [n.key for n in plan.order]
-    cap.uneven = sum(1 for n in plan.order if n.op == L.UNPAD)
+    cap.padded_in = {i for i, n in enumerate(leaves) if id(n) in padded_ids and sources[i][0] in ("arg", "cap")}
+    cap.unpad = padded.state_unpad(wstorages)
+    cap.uneven = padded.unsupported(plan.order, roots[:len(wstorages)], {id(leaves[i]) for i in cap.padded_in})
     leaf_pos = [k for k, n in enumerate(plan.order) if n.fn is None]
     cap.node_names = dict(zip(leaf_pos, cap.names))
     return cap, out
@@ -254,38 +256,6 @@ def _roots(written: list[Storage], grads: list[tuple], out_tensors: list[LazyTen
     roots = _merged_items([s.value for s in written])
     roots += [value_of(ref().grad) for ref, _ in grads]
     return roots + [value_of(t) for t in out_tensors]
-
-
-def _settle_layouts(roots: list[Node], written: list[Storage], written_old: list[Node], grads: list[tuple],
-                    flat: list, start: int) -> Any:
-    """Pin the state's layouts (:mod:`xla_dtensor.jit.layouts`) if the program spans several
-    devices; returns its mesh, else ``None`` (nothing changed)."""
-    first = executor._plan(roots)
-    mesh = layouts.program_mesh(first.leaves, first.shardings)
-    if mesh is None or mesh.size < 2:
-        return None
-    new_grads = [(ref(), ref().grad) for ref, _ in grads]
-    slots = layouts.new_slots([x for x in flat if isinstance(x, torch.optim.Optimizer)], start)
-    layouts.pin_state(list(zip(written, written_old)), new_grads, slots, mesh)
-    return mesh
-
-
-def _leaf_names(sources: list[tuple], holders: dict[int, list], names: dict[int, str], flat: list) -> list:
-    """Per leaf, the name of the tensor it is read from (``None``: unnamed, or not a tensor)."""
-    out: list = []
-    for src in sources:
-        kind = src[0]
-        if kind == "arg":
-            out.append(names.get(id(flat[src[1]]._storage), f"argument #{src[1]}"))
-        elif kind == "cap":
-            s = src[1]()
-            out.append(names.get(id(s)) if s is not None else None)
-        elif kind == "grad":
-            p = src[1][0][0]()
-            out.append(f"gradient of {names.get(id(p._storage), 'a parameter')}" if p is not None else None)
-        else:
-            out.append(None)
-    return out
 
 
 def _grads_at_start(params: list[torch.Tensor]) -> tuple[dict[int, list], dict[int, Any]]:

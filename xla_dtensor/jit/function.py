@@ -1,8 +1,10 @@
 """``xla_dtensor.compile(fn)``: trace once per input signature, then replay the executable.
 
-Assumptions (documented in docs/fastpaths.md): ``fn``'s graph is a function of its
-signature only, i.e. no Python control flow on tensor values and no hidden Python
-state feeding the graph. Violations detected: host reads of device values while
+Assumptions (documented in docs/fastpaths.md, "the trace-once contract"): ``fn``'s graph
+is a function of its signature only, i.e. no Python control flow on tensor values and no
+hidden Python state feeding the graph; the Python scalars and small containers ``fn``
+reads from its own globals and closure are part of the signature
+(:mod:`xla_dtensor.jit.hidden`). Violations detected: host reads of device values while
 tracing (the function then runs lazily every call, with a warning) and, every
 ``config.compile_check_every`` replays, a re-trace whose graph or constants differ
 from the cached ones (a :class:`GraphChangedWarning` naming the first differing op;
@@ -21,6 +23,7 @@ from xla_dtensor import metrics
 from xla_dtensor.jit import layouts, replay
 from xla_dtensor.jit.args import describe_change, signature
 from xla_dtensor.jit.capture import capture, make_capturable, share_equal_scalars
+from xla_dtensor.jit.hidden import Hidden
 from xla_dtensor.config import config
 from xla_dtensor.core import executor
 from xla_dtensor.core.tensor import LazyTensor
@@ -48,6 +51,7 @@ class FreedInputWarning(UserWarning):
 
 
 _CLEAN = [(-1, -1)]
+MAX_SIGNATURES = 64  # programs kept per compiled function (a watched global that keeps changing adds one per value)
 
 
 def _pending() -> bool:
@@ -70,11 +74,12 @@ class CompiledFunction:
         self._unshared: set[tuple] = set()  # signatures whose equal optimizer scalars must not share a value
         self._last_sig: tuple | None = None
         self._name = getattr(fn, "__qualname__", repr(fn))
+        self._hidden = Hidden(fn)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         flat: list = []
-        sig = signature(args, kwargs, flat)
+        sig = signature(args, kwargs, flat, self._hidden.key())
         e = self._entries.get(sig)
         if e is not None and not e.always_trace:
             e.calls += 1
@@ -132,7 +137,7 @@ class CompiledFunction:
     def _trace(self, sig: tuple, flat: list, args: tuple, kwargs: dict, reason: str, old: replay.Entry | None) -> Any:
         make_capturable(flat)
         flat = []
-        sig = signature(args, kwargs, flat)
+        sig = signature(args, kwargs, flat, self._hidden.key())
         old = self._entries.get(sig, old)
         from xla_dtensor.eager import suspended
         executor.sync()
@@ -199,8 +204,12 @@ class CompiledFunction:
             elif old.always_trace:
                 entry.always_trace = True
         self._entries[sig] = entry
+        if len(self._entries) > MAX_SIGNATURES:  # the oldest signature goes (its executable stays in the LRU)
+            del self._entries[next(iter(self._entries))]
         self._last_sig = sig
-        res = entry.apply(results, flat)
+        res = entry.apply(results, flat, unpad=False)
+        for hook in executor.POST_SYNC:  # uneven storages: the sticky hook unpads what it padded at capture
+            hook([])
         _mark_clean()
         return res
 
@@ -242,7 +251,15 @@ def compile(fn: Callable[..., Any] | None = None) -> Any:  # noqa: A001 - the pu
     """Trace ``fn`` once per input signature and replay its executable afterwards.
 
     Covers reads and in-place writes of module parameters, gradients and optimizer
-    state reached from the arguments. Outputs are new tensors (no autograd history).
+    state reached from the arguments, under any sharding (layouts are fixed when a call is
+    traced). Outputs are new tensors (no autograd history).
+
+    The trace-once contract: a replay runs no Python, so ``fn``'s graph must follow from
+    its signature: the arguments' shapes, dtypes and Python values, and the Python scalars
+    and small containers ``fn`` itself reads from its globals and closure (watched on every
+    call). Host reads while tracing make it run lazily (``DataDependentWarning``); other
+    hidden state (attributes, globals read by the functions it calls) is caught by the
+    re-trace every ``config.compile_check_every`` replays (``GraphChangedWarning``).
 
     Example:
         >>> import torch, xla_dtensor

@@ -89,12 +89,21 @@ def layout_at_start(value: Node, mesh: jax.sharding.Mesh) -> Any:
 
 
 def pin(storage: Storage, sharding: Any) -> None:
-    """Constrain ``storage``'s pending value to ``sharding`` unless it is constrained already."""
+    """Constrain ``storage``'s pending value to ``sharding`` unless it is constrained already or
+    ``sharding`` does not split its shape evenly (an uneven layout is the sticky hook's to keep)."""
     v = storage.value
-    if sharding is None or L.is_constraint(v):
+    if sharding is None or L.is_constraint(v) or not _even(sharding, storage.meta[0]):
         return
     storage.value = L.constrain(v, sharding)
     storage.version += 1
+
+
+def _even(sharding: Any, shape: tuple[int, ...]) -> bool:
+    try:
+        sharding.shard_shape(tuple(shape))
+    except ValueError:
+        return False
+    return True
 
 
 def final_layout(storage: Storage, start: Node | None, mesh: jax.sharding.Mesh) -> Any:
@@ -119,6 +128,23 @@ def pin_state(written: list[tuple[Storage, Node]], grads: list[tuple[LazyTensor,
             continue
         ps = p._storage
         pin(t._storage, final_layout(ps, start.get(id(ps), ps.value), mesh))
+
+
+def settle_state(plan: Any, written: list[Storage], written_old: list[Node], params: list[LazyTensor],
+                 optimizers: list[torch.optim.Optimizer], start: int) -> jax.sharding.Mesh | None:
+    """Pin the call's state (see the module docstring) if its program (``plan``, before pinning)
+    spans several devices; returns the program's mesh, else ``None`` (nothing changed).
+
+    ``written``/``written_old``: the storages the call wrote and their values at its start;
+    ``params``: the parameters whose gradient the call created or replaced; ``start``: the
+    storage sequence number at the call's start (later ones were created by it).
+    """
+    mesh = program_mesh(plan.leaves, plan.shardings)
+    if mesh is None or mesh.size < 2:
+        return None
+    grads = [(p, p.grad) for p in params]
+    pin_state(list(zip(written, written_old)), grads, new_slots(optimizers, start), mesh)
+    return mesh
 
 
 def new_slots(optimizers: Iterable[torch.optim.Optimizer], start: int) -> list[tuple[LazyTensor, LazyTensor]]:

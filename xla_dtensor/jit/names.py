@@ -43,3 +43,22 @@ def tensor_names(flat: list[Any]) -> dict[int, str]:
         elif isinstance(x, torch.Tensor):
             names.setdefault(_key(x), f"argument #{k}")
     return names
+
+
+def leaf_names(sources: list[tuple], names: dict[int, str], flat: list[Any]) -> list[str | None]:
+    """Per program leaf (its source, :mod:`xla_dtensor.jit.capture`), the name of the tensor it is
+    read from (``None``: unnamed, or not a tensor)."""
+    out: list[str | None] = []
+    for src in sources:
+        kind = src[0]
+        if kind == "arg":
+            out.append(names.get(id(flat[src[1]]._storage), f"argument #{src[1]}"))
+        elif kind == "cap":
+            s = src[1]()
+            out.append(names.get(id(s)) if s is not None else None)
+        elif kind == "grad":
+            p = src[1][0][0]()
+            out.append(f"gradient of {names.get(id(p._storage), 'a parameter')}" if p is not None else None)
+        else:
+            out.append(None)
+    return out

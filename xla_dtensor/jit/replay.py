@@ -19,6 +19,7 @@ from xla_dtensor.jit.capture import Capture, _host_array
 from xla_dtensor.core.ir import DATA, Node, data_leaf
 from xla_dtensor.core.tensor import LazyTensor, new_tensor
 from xla_dtensor.jit import describe
+from xla_dtensor.spmd import layout as L
 from xla_dtensor.jit.args import chain_key
 from xla_dtensor.random import next_key
 
@@ -38,23 +39,27 @@ class Entry:
 
     __slots__ = ("compiled", "template", "arg_in", "cap_in", "grad_in", "key_in", "host_in", "grad_present",
                  "cleared", "state_w", "grad_w", "out_w", "out_spec", "donate", "keep", "struct", "ops", "sources",
-                 "calls", "always_trace", "n_in", "n_out", "alias_in", "keys", "node_names", "in_info")
+                 "calls", "always_trace", "n_in", "n_out", "alias_in", "keys", "node_names", "in_info", "pad_in",
+                 "names")
 
     def __init__(self, cap: Capture, compiled: Any, results: list) -> None:
         self.compiled, self.struct, self.ops, self.sources = compiled, cap.struct, cap.ops, cap.sources
-        self.keys, self.node_names = cap.keys, cap.node_names
+        self.keys, self.node_names, self.names = cap.keys, cap.node_names, cap.names
         self.in_info: dict[int, tuple] = {}  # program input -> (tensor name, traced leaf key), for messages
         self.calls, self.always_trace = 0, False
         self.n_in, self.n_out = len(cap.leaves), len(results)
         pos = {i: j for j, i in enumerate(arg_order(cap))}
         self.template: list[Any] = [None] * len(pos)
         self.arg_in, self.cap_in, self.grad_in, self.key_in, self.host_in = [], [], [], [], []
+        self.pad_in: list[tuple] = []  # (input, "arg" or "cap", argument index or storage ref, hash): uneven storages
         for k, (src, n) in enumerate(zip(cap.sources, cap.leaves)):
             if k not in pos:  # a baked constant
                 continue
             i, kind = pos[k], src[0]
             self.in_info[i] = (cap.names[k] if k < len(cap.names) else None, n.key)
-            if kind == "arg":
+            if k in cap.padded_in:
+                self.pad_in.append((i, kind, src[1], n.hash))
+            elif kind == "arg":
                 self.arg_in.append((i, src[1], n.hash))
             elif kind == "cap":
                 self.cap_in.append((i, src[1], src[2]))
@@ -71,8 +76,9 @@ class Entry:
         self.keep = [pos[i] for i, src in enumerate(cap.sources) if src[0] in ("arg", "cap") and i not in dset]
         metas = [m for _, m in cap.state] + [m for _, m in cap.grads] + [it[1] for it in cap.out_items if it[0] == "t"]
         keys = []
-        for r, meta in zip(cap.res_of, metas):  # NOTE: per written storage / gradient / output, its result's index
-            leaf = data_leaf(results[r], meta[0], meta[1])
+        for j, (r, meta) in enumerate(zip(cap.res_of, metas)):  # NOTE: per written storage / gradient / output
+            shape = tuple(results[r].shape) if j in cap.unpad else meta[0]  # an uneven storage's padded result
+            leaf = data_leaf(results[r], shape, meta[1])
             keys.append((r, leaf.key, leaf.hash))
         ns = len(cap.state)
         # per result: its leaf key and hash, the captured storages it is written to (by weak
@@ -82,7 +88,7 @@ class Entry:
         groups: dict[int, tuple] = {}
         for j, (src, _) in enumerate(cap.state):
             r, key, h = keys[j]
-            g = groups.setdefault(r, (r, key, h, [], []))
+            g = groups.setdefault(r, (r, key, h, [], [], cap.unpad.get(j)))
             if src[0] == "cap":
                 g[3].append(src[1])
             else:
@@ -134,6 +140,14 @@ class Entry:
                     return self.mismatch(i, v)
                 v = v.data
             inputs[i] = v
+        for i, kind, src, h in self.pad_in:  # uneven storages: the padded data under their unpad
+            s = flat[src]._storage if kind == "arg" else src()
+            if s is None:
+                return f"captured tensor (program input {i}) was freed"
+            v = L.padded_source(s.value)
+            if v is None or (v.hash != h and not self.heal(i, v)):
+                return self.mismatch(i, s.value if v is None else v)
+            inputs[i] = v.data
         for i in self.key_in:
             inputs[i] = next_key()
         for i, k, dtype in self.host_in:
@@ -167,6 +181,7 @@ class Entry:
         self.arg_in = [(a, k, h if a == i else x) for a, k, x in self.arg_in]
         self.cap_in = [(a, r, h if a == i else x) for a, r, x in self.cap_in]
         self.grad_in = [(a, r, h if a == i else x) for a, r, x in self.grad_in]
+        self.pad_in = [(a, kd, r, h if a == i else x) for a, kd, r, x in self.pad_in]
         self.in_info[i] = (name, value.key)
         return True
 
@@ -178,13 +193,17 @@ class Entry:
             return NewProgram(f"program input {i} changed")
         return NewProgram(f"{LAYOUT_CHANGED}: {describe.mismatch(name, key, value)}")
 
-    def apply(self, results: list, flat: list) -> Any:
+    def apply(self, results: list, flat: list, unpad: bool = True) -> Any:
         """Rebind mutated storages, set new gradients, and build the outputs.
 
         Storages written with one result share one value node (so they stay one input).
+        An uneven storage gets ``unpad`` of its padded result (``unpad=False``: the padded
+        data itself, for the sync hook that unpads it after the traced call).
         """
-        for r, key, h, refs, others in self.state_w:
+        for r, key, h, refs, others, shape_sharding in self.state_w:
             node = Node(DATA, key, (), h, None, results[r])
+            if shape_sharding is not None and unpad:
+                node = L.unpad(node, *shape_sharding)
             for ref in refs:
                 s = ref()
                 s.value = node
@@ -259,17 +278,23 @@ def compare(entry: Entry, cap: Capture) -> str | None:
         return describe.first_difference((entry.struct, entry.ops, entry.keys, entry.node_names),
                                          (cap.struct, cap.ops, cap.keys, cap.node_names))
     for i, (s0, s1) in enumerate(zip(entry.sources, cap.sources)):
+        was, now = _named(i, entry.names), _named(i, cap.names)
         if s0[0] != s1[0]:
-            return f"program input {i} comes from {s1[0]!r}, was {s0[0]!r}"
+            return f"program input {i} comes from {s1[0]!r}{now}, was {s0[0]!r}{was}"
         if s0[0] == "cap" and s0[1]() is not s1[1]():
-            return f"program input {i} reads a different tensor than when traced"
+            return f"program input {i} reads a different tensor{now} than when traced{was}"
         if s0[0] == "grad" and s0[1][0][0]() is not s1[1][0][0]():
-            return f"program input {i} reads the gradient of a different parameter than when traced"
+            return f"program input {i} reads the {now.strip(' ()') or 'gradient of another parameter'}, was{was}"
         if s0[0] in ("arg", "host") and s0[1] != s1[1]:
             return f"program input {i} reads argument #{s1[1]}, was #{s0[1]}"
         if s0[0] == "const" and not _same(s0[1], s1[1]):
             return f"constant program input {i} was {_short(s0[1])}, now {_short(s1[1])} (data-dependent Python?)"
     return None
+
+
+def _named(i: int, names: list) -> str:
+    name = names[i] if i < len(names) else None
+    return f" ({name})" if name else ""
 
 
 def _same(a: Any, b: Any) -> bool:

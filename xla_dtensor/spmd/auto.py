@@ -13,8 +13,9 @@ recorded: at the first ``sync()`` whose pending graph updates the module's param
    cached in memory and on disk under ``$XLA_DTENSOR_CACHE_DIR/plans``),
 3. annotates every parameter and optimizer-state storage with the plan's layout
    (sticky specs, as ``mark_sharding`` does), so this very sync already computes them
-   in that layout and every later step keeps it; the module's positional tensor
-   inputs are constrained to the plan's input layout from the next step on.
+   in that layout and every later step keeps it; the module's tensor inputs
+   (positional ``input:{i}``, keyword ``input:{name}``) are constrained to the plan's
+   input layout from the next step on.
 
 User hints (parameters annotated before, by ``mark_sharding`` or ``distribute_tensor``
 with ``Shard`` placements) are pinned in the plan unless ``keep_user_sharding=False``.
@@ -48,6 +49,7 @@ import torch
 from torch import nn
 
 import autoshard
+from autoshard.guard import verdict
 from mesh import Mesh, Topology, topology_for
 from xla_dtensor.core import executor
 from xla_dtensor.core.tensor import LazyTensor, Storage
@@ -389,8 +391,8 @@ def _plan_scope(scope: _Scope, params: list[tuple[str, torch.Tensor]], pending: 
         raise
     unknown = plan.stats.get("unknown_ops") or []
     if unknown:
-        warnings.warn(f"AUTO ({name}): no sharding strategy rule for ops {unknown}; they are planned replicated "
-                      f"(their inputs are gathered)", autoshard.UnknownOpWarning, stacklevel=4)
+        warnings.warn(f"AUTO ({name}): no sharding strategy rule for ops {unknown} and no generic one fits; they "
+                      f"run whole on every device (their inputs are gathered)", autoshard.UnknownOpWarning, stacklevel=4)
     if scope.policy.constrain_activations:
         order = topo_order([s.value for s in pending])  # NOTE: before _apply wraps parameter values
         scope.table = ActivationTable.from_nodes(order, _activation_shardings(scope, plan, graph, ir_of))
@@ -427,8 +429,9 @@ def _apply(scope: _Scope, plan: Any, params: list[tuple[str, torch.Tensor]], opt
     if scope.is_module and scope.owner() is not None:
         scope.owner()._auto_plan = plan
     sharded = sum(1 for n, _ in params if any(p != "R" for p in plan.placements.get(n, ())))
-    _log.info("AUTO plan for %s: %d of %d parameters sharded, solve %.2f s", plan.stats.get("graph_nodes"),
-              sharded, len(params), plan.solve_time)
+    quality = verdict(plan.stats.get("guard") or {})
+    _log.info("AUTO plan for %s: %d of %d parameters sharded, solve %.2f s%s", plan.stats.get("graph_nodes"),
+              sharded, len(params), plan.solve_time, f"; plan quality: {quality} (plan.explain())" if quality else "")
 
 
 def _fallback(scope: _Scope, params: list[tuple[str, torch.Tensor]]) -> None:

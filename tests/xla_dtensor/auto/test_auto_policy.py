@@ -186,7 +186,9 @@ def test_user_hint_is_pinned(dev, run):
     assert plan.partition_spec(name) == hint
     assert HloSharding.parse(model.h[0].attn.q_proj.weight.sharding_spec) == \
         ShardingSpec.from_partition_spec(m, hint, ndim=2).to_hlo()
-    assert plan.placements["h.1.attn.q_proj.weight"] == free  # the twin layer is not forced by the pin
+    # the twin layer is not tied to the pin (its layout is free; the free run's is no oracle: that run had a
+    # memory budget, and equally cheap layouts may win either way)
+    assert plan.placements["h.1.attn.q_proj.weight"] != plan.placements[name]
 
 
 # -- bad input ----------------------------------------------------------------------------

@@ -73,6 +73,7 @@ def checking() -> Any:
     yield
     xla_dtensor.config.check_indices = old
     index_checks.PENDING.clear()
+    index_checks.LAUNCHED.clear()
 
 
 def _cpu_error(case: Callable[..., torch.Tensor]) -> type[Exception]:
@@ -82,18 +83,33 @@ def _cpu_error(case: Callable[..., torch.Tensor]) -> type[Exception]:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_out_of_range_raises_torchs_error_at_the_next_sync(name: str, dev: torch.device, checking: Any) -> None:
+def test_out_of_range_raises_torchs_error_at_the_next_barrier(name: str, dev: torch.device, checking: Any) -> None:
     case = CASES[name]
     want = _cpu_error(case)
     line = inspect.getsourcelines(case)[1]
     case(lambda t: t.to(dev))  # recorded: nothing raised at the op
     with pytest.raises(want) as e:
-        xla_dtensor.sync()
+        xla_dtensor.sync(wait=True)
     msg = str(e.value)
     assert str(BAD_INDEX[name]) in msg and "aten." in msg, msg
     assert f"{__file__}:{line}" in msg, msg  # the user's source line
-    assert not index_checks.PENDING
-    xla_dtensor.sync()  # reported once
+    assert not index_checks.PENDING and not index_checks.LAUNCHED
+    xla_dtensor.sync(wait=True)  # reported once
+
+
+def test_plain_sync_raises_at_the_next_barrier(dev: torch.device, checking: Any) -> None:
+    x = X.to(dev)
+    y = x[torch.tensor([15]).to(dev)]
+    xla_dtensor.sync()  # launched; not waited for
+    z = y * 2
+    with pytest.raises(IndexError, match="index 15"):
+        xla_dtensor.sync()  # the next step's sync reads the previous program's checks
+    torch.testing.assert_close(z.cpu(), torch.tensor([18.0]))  # the step's values are kept (clamped read)
+    y2 = x[torch.tensor([20]).to(dev)]
+    xla_dtensor.sync()
+    with pytest.raises(IndexError, match="index 20"):
+        xla_dtensor.wait()
+    del y2
 
 
 @pytest.mark.parametrize("name", sorted(IN_RANGE))
@@ -121,6 +137,7 @@ def test_default_checks_in_eager_mode_only(dev: torch.device) -> None:
     finally:
         xla_dtensor.eager_mode(False)
         index_checks.PENDING.clear()
+        index_checks.LAUNCHED.clear()
 
 
 def test_sharded_index_is_checked(dev: torch.device, checking: Any) -> None:
@@ -130,7 +147,7 @@ def test_sharded_index_is_checked(dev: torch.device, checking: Any) -> None:
     d = distribute_tensor(ids, mesh, [Shard(0), Shard(1)])
     F.embedding(d, W.to(dev))
     with pytest.raises(IndexError, match="index 40"):
-        xla_dtensor.sync()
+        xla_dtensor.sync(wait=True)
 
 
 def test_compiled_function_runs(dev: torch.device, checking: Any) -> None:

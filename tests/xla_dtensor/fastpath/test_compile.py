@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import types
 import warnings
 
 import pytest
@@ -118,11 +119,11 @@ def test_inplace_argument_and_python_static_values(dev):
 
 
 def test_graph_change_is_reported_with_the_op(dev):
-    mode = {"add": False}
+    mode = types.SimpleNamespace(add=False)  # an attribute: hidden state compile does not watch
 
     @xla_dtensor.compile
     def f(x):
-        return x + 2 if mode["add"] else x * 2
+        return x + 2 if mode.add else x * 2
 
     old = xla_dtensor.config.compile_check_every
     xla_dtensor.config.compile_check_every = 2
@@ -130,7 +131,7 @@ def test_graph_change_is_reported_with_the_op(dev):
         x = torch.ones(2, device=dev)
         f(x)
         f(x)
-        mode["add"] = True  # data-independent but hidden Python state: the replay cannot see it
+        mode.add = True  # data-independent but hidden Python state: the replay cannot see it
         with pytest.warns(GraphChangedWarning, match=r"was aten\.mul\.Tensor\(float32\[2\], int scalar\); now aten\.add\.Tensor"):
             out = f(x)  # the second replay (third call) is the periodic re-check
         assert out.tolist() == [3.0, 3.0]

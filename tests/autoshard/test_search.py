@@ -1,0 +1,138 @@
+"""The anytime search (autoshard._search, _anytime, _treedp) against exact oracles.
+
+Oracles (tests/autoshard/_oracle.py) share no code with the search: brute force for
+tiny problems, else the plain marginal MIP of autoshard._lp solved to optimality.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from _oracle import exact_optimum, tied_problem
+from autoshard._anytime import compact_presolve
+from autoshard._compact import objective, usage
+from autoshard._construct import start_plan
+from autoshard._memory import memory_rows
+from autoshard._presolve import flatten, reduce
+from autoshard._moves import State, pair_moves
+from autoshard._search import search
+from autoshard._space import Space
+from autoshard._treedp import forest_dp, random_forest
+from autoshard.brute import brute_force
+from autoshard.evaluate import evaluate
+from autoshard.problem import Problem
+from autoshard.solver import SolveStatus, SolverTimeoutWarning, solve_problem
+from test_solver import random_problem
+
+
+def _compact(p: Problem):
+    f = flatten(p)
+    red = reduce(f, dedup=False)
+    mem = None if p.memory_limit is None else memory_rows(f, red.allowed, p.memory_limit)
+    return compact_presolve(red, mem, p.memory_limit)[0]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_search_reaches_the_optimum_on_small_problems(seed: int) -> None:
+    # 20-30 nodes; LNS balls of at most 12 variables (2-3 nodes) never cover the problem
+    p = tied_problem(100 + seed, n=20 + 2 * seed)
+    opt = exact_optimum(p)
+    cp = _compact(p)
+    sp = Space(cp)
+    x0 = start_plan(cp, sp)
+    assert x0 is not None
+    res = search(cp, x0, 20.0, budget=12, max_budget=12, stop_at=opt + 1e-9 * abs(opt), seed=seed)
+    assert res.objective == pytest.approx(opt, rel=1e-9), res.stats
+    assert not res.stats.get("exhausted")
+    assert (usage(cp, res.x) <= cp.limit).all()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_reported_gap_is_honest(seed: int) -> None:
+    # the search path (lp_max_edge_vars=0) with little time: bound <= optimum <= objective
+    p = tied_problem(200 + seed, n=24, memory="tight" if seed % 2 else "none")
+    opt = exact_optimum(p)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SolverTimeoutWarning)
+        sol = solve_problem(p, time_limit=1.5, lp_max_edge_vars=0, seed=seed)
+    assert sol.strategies is not None
+    cost, ok, _ = evaluate(p, sol.strategies)
+    assert ok and cost == sol.objective
+    tol = 1e-9 * max(1.0, abs(opt))
+    assert sol.bound <= opt + tol <= sol.objective + 2 * tol
+    assert sol.objective - opt <= sol.gap * abs(sol.objective) + tol
+    if sol.status == SolveStatus.OPTIMAL:
+        assert sol.objective == pytest.approx(opt, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_search_path_proves_small_problems_optimal(seed: int) -> None:
+    p = tied_problem(300 + seed, n=16)
+    opt = exact_optimum(p)
+    sol = solve_problem(p, time_limit=20, lp_max_edge_vars=0)
+    assert sol.status == SolveStatus.OPTIMAL and sol.objective == pytest.approx(opt, rel=1e-9)
+
+
+def test_progress_lines_show_incumbent_and_bound(capsys) -> None:
+    p = tied_problem(7, n=30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SolverTimeoutWarning)
+        solve_problem(p, time_limit=2.0, lp_max_edge_vars=0, verbose=True, progress_every=0.3)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "incumbent" in ln]
+    assert lines and all("bound" in ln and "gap" in ln for ln in lines)
+
+
+def test_pair_move_finds_a_joint_switch() -> None:
+    # u, v agree on strategy 0 (edge free on the diagonal); both prefer 1 but only together
+    inf = math.inf
+    agree = np.array([[0.0, 50.0], [50.0, 0.0]])
+    p = Problem("pair", [np.array([0.0, 0.0]), np.array([10.0, 0.0]), np.array([10.0, 0.0])],
+                [np.zeros(2)] * 3, [(0, 1)] * 3, [(1, 2), (0, 1)],
+                [agree, np.array([[0.0, 0.0], [inf, 0.0]])], None)
+    cp = _compact(p)
+    sp = Space(cp)
+    st = State(sp, np.zeros(cp.n, np.int64))
+    before = st.obj
+    assert pair_moves(st, math.inf) > 0
+    assert st.obj < before
+    assert st.obj == pytest.approx(brute_force(p)[0])
+
+
+def _tree_problem(seed: int) -> Problem:
+    """A random tree (no cycles), finite costs, no memory limit."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(4, 8))
+    ks = rng.integers(2, 4, n)
+    edges = [(int(rng.integers(0, v)), v) for v in range(1, n)]
+    mats = [rng.integers(0, 50, (ks[u], ks[v])).astype(float) for u, v in edges]
+    return Problem(f"tree{seed}", [rng.integers(0, 30, k).astype(float) for k in ks],
+                   [np.zeros(k) for k in ks], [(0, 1)] * n, edges, mats, None)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_forest_dp_is_exact_on_trees(seed: int) -> None:
+    p = _tree_problem(seed)
+    best, _, _ = brute_force(p)
+    f = flatten(p)
+    red = reduce(f, dedup=False)
+    from autoshard._compact import from_reduced
+    cp = from_reduced(red, None, None)  # no contraction: the tree stays a tree
+    sp = Space(cp)
+    forest = random_forest(sp, np.random.default_rng(seed), full=True)
+    assert forest.non_tree.size == 0
+    x = forest_dp(sp, cp.off[:-1], forest) - cp.off[:-1]
+    assert objective(cp, x) == pytest.approx(best)
+
+
+@pytest.mark.parametrize("seed", [2, 5, 7])
+def test_search_handles_forbidden_pairs_and_self_loops(seed: int) -> None:
+    p = random_problem(seed, "tight")
+    best, _, _ = brute_force(p)
+    if math.isinf(best):
+        pytest.skip("no feasible plan")
+    sol = solve_problem(p, time_limit=10, lp_max_edge_vars=0)
+    assert sol.objective == pytest.approx(best, rel=1e-9)
