@@ -203,6 +203,24 @@ def _vit() -> nn.Module:
                              num_classes=10)
 
 
+def _vit_plan(model: nn.Module, sequence_parallel: bool) -> Plan:
+    """Megatron on timm's ViT blocks: qkv and fc1 column-split, proj and fc2 row-split; with
+    sequence parallelism the norms run on token shards and attn/mlp gather their input."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel)
+
+    row = (lambda: RowwiseParallel(output_layouts=Shard(1))) if sequence_parallel else RowwiseParallel
+    plan: Plan = {"blocks.*.attn.qkv": ColwiseParallel(), "blocks.*.mlp.fc1": ColwiseParallel(),
+                  "blocks.*.attn.proj": row(), "blocks.*.mlp.fc2": row()}
+    if sequence_parallel:
+        for norm in ("norm1", "norm2"):
+            plan[f"blocks.*.{norm}"] = SequenceParallel()
+        for mod in ("attn", "mlp"):
+            plan[f"blocks.*.{mod}"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    return plan
+
+
 @_seeded
 def _resnet() -> nn.Module:
     import timm
@@ -248,7 +266,7 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              notes="T5ForConditionalGeneration, encoder-decoder, relative position buckets, use_cache=True"),
     ZooModel("hf-mixtral", _HF, _mixtral, _causal_batch, _causal_loss, _hf_plan,
              notes="MixtralForCausalLM, 4 experts top-2 (MoE routing: topk, one_hot, histc, index_add)"),
-    ZooModel("timm-vit", "timm", _vit, _images, _cls_loss, None,
+    ZooModel("timm-vit", "timm", _vit, _images, _cls_loss, _vit_plan,
              notes="vit_tiny_patch16_224 at img_size=32, patch 8, depth 1", needs=("timm",)),
     ZooModel("timm-resnet18", "timm", _resnet, _small_images, _cls_loss, None,
              notes="resnet18 (BatchNorm, num_batches_tracked buffers), 16x16 images", needs=("timm",)),
