@@ -33,6 +33,7 @@ import torch
 
 from xla_dtensor.config import config
 from xla_dtensor.core import dispatch as _dispatch_mod
+from xla_dtensor.core import threads as _threads
 from xla_dtensor.core.dispatch import SPECIAL, record
 from xla_dtensor.core.ir import Node, make_node
 from xla_dtensor.core.source import user_frame
@@ -52,6 +53,7 @@ class Check(NamedTuple):
     error: type[Exception]
     message: str  # format fields: index, dim, size
     where: str
+    owner: int = 0  # the thread whose barrier reports it (core.threads)
 
 
 PENDING: list[Check] = []
@@ -93,7 +95,7 @@ def _add(op: Any, index: Any, dim: int, size: int, error: type[Exception], messa
         return
     key = ("check_indices", size, negative, ignore)
     node = make_node("check_indices", key, hash(key), (value_of(index),), _check_fn(size, negative, ignore))
-    PENDING.append(Check(node, op, dim, size, error, message, user_frame()))
+    PENDING.append(Check(node, op, dim, size, error, message, user_frame(), _threads.OWNER[0]))
 
 
 _BOUNDS = "index {index} is out of bounds for dimension {dim} with size {size}"
@@ -195,12 +197,20 @@ def install() -> None:
             SPECIAL[op] = handler
 
 
-def take() -> list[Check]:
-    """The pending checks (cleared): the caller computes their nodes with its program."""
+def take(owner: int | None = None) -> list[Check]:
+    """The pending checks (removed): the caller computes their nodes with its program.
+
+    ``owner``: only that thread's checks (and those of no thread or a finished one); ``None``: all.
+    """
     if not PENDING:
         return []
-    out = PENDING[:]
-    PENDING.clear()
+    others = [] if owner is None else [c for c in PENDING if c.owner not in (owner, 0)]
+    if others:
+        running = _threads.alive()
+        others = [c for c in others if c.owner in running]
+    kept = {id(c) for c in others}
+    out = [c for c in PENDING if id(c) not in kept]
+    PENDING[:] = others
     return out
 
 
