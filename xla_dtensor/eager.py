@@ -32,6 +32,7 @@ from xla_dtensor.core import dispatch as _dispatch_mod
 from xla_dtensor.core import executor
 from xla_dtensor.core import ir as _ir
 from xla_dtensor.core import sdpa as _sdpa
+from xla_dtensor.core import threads as _threads
 from xla_dtensor.core.ir import DATA, GETITEM, Node, data_leaf
 from xla_dtensor.core.signature import op_info
 from xla_dtensor.core.tensor import LazyTensor
@@ -254,38 +255,58 @@ def _seq(s: Any) -> int:
 _sdpa.WHEN[0] = _routing
 
 
-_AUTOGRAD_THREADS: list[bool | None] = [None]  # the calling thread's setting before eager mode turned it off
+class _Eager:
+    """A thread's eager mode: the autograd multithreading setting it had before (restored when off)."""
+
+    __slots__ = ("autograd_threads",)
+
+    def __init__(self, autograd_threads: bool) -> None:
+        self.autograd_threads = autograd_threads
+
+
+def _install(mode: _Eager | None) -> None:
+    """Make ``mode`` (None: lazy) the core's mode for the lock holder (``threads.SWITCH``)."""
+    _dispatch_mod.dispatch = _REAL if mode is None else _eager_dispatch
+    _ir.CONSING[0] = mode is None or bool(_SUSPENDED[0])
+    _threads.INSTALLED[0] = mode
+
+
+_threads.SWITCH[0] = _install
 
 
 def eager_mode(enable: bool) -> None:
     """Run every op at once (``True``) or record lazily until a barrier (``False``, the default).
 
-    Pending lazy work is synced when eager mode is turned on. While it is on, the thread
-    that turned it on runs ``backward()`` itself instead of handing it to torch's autograd
-    device thread (``torch.autograd.set_multithreading_enabled(False)``, a per-thread
-    setting; turning eager mode off restores it). With ~200 backward ops each running at
-    once, the handoffs between the two threads cost a quarter of an eager training step.
+    The mode is per thread (a new thread starts lazy); backward ops that torch's autograd
+    thread runs for a thread follow that thread's mode. Its pending lazy work is synced
+    when eager mode is turned on. While it is on, the thread runs ``backward()`` itself
+    instead of handing it to torch's autograd device thread
+    (``torch.autograd.set_multithreading_enabled(False)``, a per-thread setting; turning
+    eager mode off restores it). With ~200 backward ops each running at once, the
+    handoffs between the two threads cost a quarter of an eager training step.
 
     Example:
         >>> eager_mode(False)
     """
     if not isinstance(enable, bool):
         raise TypeError(f"eager_mode expects a bool, got {type(enable).__name__}: {enable!r}")
-    if enable:
-        executor.sync()
-        if _AUTOGRAD_THREADS[0] is None:
-            _AUTOGRAD_THREADS[0] = torch._C._is_multithreading_enabled()
-            torch._C._set_multithreading_enabled(False)
-    elif _AUTOGRAD_THREADS[0] is not None:
-        torch._C._set_multithreading_enabled(_AUTOGRAD_THREADS[0])
-        _AUTOGRAD_THREADS[0] = None
-    _dispatch_mod.dispatch = _eager_dispatch if enable else _REAL
-    _ir.CONSING[0] = not enable
+    with _threads.held():
+        me = _threads.me()
+        if enable:
+            executor.sync()
+            if me not in _threads.MODES:
+                _threads.MODES[me] = _Eager(torch._C._is_multithreading_enabled())
+                torch._C._set_multithreading_enabled(False)
+        else:
+            mode = _threads.MODES.pop(me, None)
+            if mode is not None:
+                torch._C._set_multithreading_enabled(mode.autograd_threads)
+        _install(_threads.MODES.get(me))
 
 
 def is_eager() -> bool:
-    """Whether eager mode is on."""
-    return _dispatch_mod.dispatch is _eager_dispatch
+    """Whether eager mode is on (for the calling thread)."""
+    return _threads.me() in _threads.MODES
 
 
 @contextlib.contextmanager

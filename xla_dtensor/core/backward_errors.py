@@ -10,6 +10,7 @@ the backward pass ends, in the thread that called ``backward()``.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any
 
@@ -20,7 +21,7 @@ from xla_dtensor.core.tensor import LIVE, LazyTensor, new_tensor
 
 _POISON = "poisoned"
 _ids = itertools.count()
-_pending: list[BaseException] = []
+_pending: dict[int, list[BaseException]] = {}  # per backward pass (autograd graph task): its errors
 
 
 def in_backward() -> bool:
@@ -29,15 +30,20 @@ def in_backward() -> bool:
 
 
 def poisoned_result(op: Any, args: tuple, kwargs: dict, error: BaseException) -> Any:
-    """Outputs shaped like ``op``'s whose values re-raise ``error``; schedules the re-raise."""
-    if not _pending:
-        torch.autograd.Variable._execution_engine.queue_callback(_raise_pending)
-    _pending.append(error)
+    """Outputs shaped like ``op``'s whose values re-raise ``error``; schedules the re-raise.
+
+    NOTE: per backward pass: with several threads, torch's autograd thread interleaves their passes.
+    """
+    task = torch._C._current_graph_task_id()
+    if task not in _pending:
+        _pending[task] = []
+        torch.autograd.Variable._execution_engine.queue_callback(functools.partial(_raise_pending, task))
+    _pending[task].append(error)
     return _wrap(_output_metas(op, args, kwargs), error)
 
 
-def _raise_pending() -> None:
-    errors, _pending[:] = list(_pending), []
+def _raise_pending(task: int) -> None:
+    errors = _pending.pop(task, [])
     if errors:
         raise errors[0]
 

@@ -1,6 +1,7 @@
 """Barriers: lower pending IR to one JAX function, compile (cached), run, rebind.
 
-``sync()`` materializes every live storage with a pending value in one program;
+``sync()`` materializes every live storage with a pending value in one program (those
+of the calling thread when several threads use the device: :mod:`.threads`);
 ``to_cpu`` / ``item`` materialize only the value they need. Programs are keyed by
 their structure (node hashes and wiring, leaf metadata, shardings, donation), so the
 same step maps to the same executable whatever the data.
@@ -17,11 +18,11 @@ import torch
 
 from xla_dtensor import metrics
 from xla_dtensor.config import config
-from xla_dtensor.core import index_checks
+from xla_dtensor.core import index_checks, threads
 from xla_dtensor.core.dtypes import to_jax
 from xla_dtensor.core.ir import DATA, Node, data_leaf
 from xla_dtensor.core.peer_errors import guard
-from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
+from xla_dtensor.core.tensor import LazyTensor, Storage, live, value_of
 
 _CACHE: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 # NOTE: hooks for xla_dtensor.spmd (sticky shardings, uneven padding); empty unless it is imported.
@@ -264,9 +265,11 @@ def placed_scalars(compiled: Any, key: Any, args: list[Any]) -> list[Any]:
     return args
 
 
-def sync(wait: bool = False, *, pre_hooks: bool = True) -> None:
+def sync(wait: bool = False, *, pre_hooks: bool = True, all_threads: bool = False) -> None:
     """Execute every live pending tensor in one program and rebind them to the results.
 
+    With several threads on the device, only the calling thread's pending tensors (and
+    those of finished threads); ``all_threads=True``: every thread's.
     ``pre_hooks=False``: skip the ``PRE_SYNC`` hooks (the caller ran them on every pending
     storage already: ``xla_dtensor.compile`` after recording a call).
 
@@ -275,24 +278,49 @@ def sync(wait: bool = False, *, pre_hooks: bool = True) -> None:
         >>> x = torch.ones(2, device=xla_dtensor.device()) * 3
         >>> xla_dtensor.sync()
     """
+    with threads.held():
+        arrays, checks, checked, me = _sync(pre_hooks, all_threads)
+    if wait and arrays:
+        _await(arrays)
+    if index_checks.LAUNCHED:
+        index_checks.verify_launched(me)  # programs launched before this one: waiting on them keeps ours queued
+    if wait:
+        index_checks.verify(checks, checked)
+    else:
+        index_checks.launched(checks, checked, me)
+
+
+def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any], int | None]:
+    """:func:`sync` under the lock: (the pending storages' arrays, the index checks run, their
+    arrays, the thread synced for: ``None`` for all)."""
     pending: list[Storage] = []
+    foreign: list[Node] = []  # other threads' pending values: their leaves are not donated
     held: set[int] = set()
-    for s in list(LIVE):
+    me = None if all_threads or not threads.MULTI[0] else threads.me()
+    running: set[int] | None = None
+    for s in live():
         v = s.value
         if v.fn is None:
             held.add(id(v))
-        else:
+        elif me is None or s.owner == me or not s.owner:
             pending.append(s)
-    checks, check_roots = index_checks.take() if index_checks.PENDING else ([], [])
+        else:
+            if running is None:
+                running = threads.alive()
+            if s.owner in running:
+                foreign.append(v)
+            else:  # its thread has finished: anyone's sync computes it
+                pending.append(s)
+    checks, check_roots = index_checks.take(me) if index_checks.PENDING else ([], [])
     if not pending and not checks:
-        if index_checks.LAUNCHED:
-            index_checks.verify_launched()
-        return
+        return [], [], [], me
     pending.sort(key=_seq)
     for hook in PRE_SYNC if pre_hooks else ():
         hook(pending)
     roots = [s.value for s in pending] + check_roots
     plan = _plan(roots)  # NOTE: one walk of the graph, shared with execute (a second one cost ~10% of a sync)
+    if foreign or index_checks.PENDING:
+        held |= threads.reached_leaves(foreign + [c.node for c in index_checks.PENDING])
     donate = {id(n) for n in plan.leaves if n.op == DATA and id(n) not in held and isinstance(n.data, jax.Array)}
     arrays = execute(roots, donate, [s.donor for s in pending] + [None] * len(check_roots), plan)
     for s, arr in zip(pending, arrays):
@@ -300,18 +328,32 @@ def sync(wait: bool = False, *, pre_hooks: bool = True) -> None:
         s.version += 1
     for hook in POST_SYNC:
         hook(pending)
-    if wait:
-        jax.block_until_ready(arrays)
-    if index_checks.LAUNCHED:
-        index_checks.verify_launched()  # programs launched before this one: waiting on them keeps ours queued
-    if wait:
-        index_checks.verify(checks, arrays[len(pending):])
-    else:
-        index_checks.launched(checks, arrays[len(pending):])
+    return arrays[:len(pending)], checks, arrays[len(pending):], me
 
 
 def _seq(s: Storage) -> int:
     return s.seq
+
+
+def _await(arrays: list[Any]) -> None:
+    """Wait for ``arrays`` (outside the lock); one another thread consumed meanwhile is not waited for."""
+    for a in arrays:
+        try:
+            jax.block_until_ready(a)
+        except RuntimeError:
+            if not (isinstance(a, jax.Array) and a.is_deleted()):
+                raise
+
+
+def foreign_reads(arrays: list[Any]) -> bool:
+    """Whether a pending value (of another thread) reads one of ``arrays``: a program that donates
+    them must then wait for it (``compile``'s replay syncs every thread first)."""
+    roots = [s.value for s in live() if s.value.fn is not None] + [c.node for c in index_checks.PENDING]
+    if not roots:
+        return False
+    ids = {id(a) for a in arrays}
+    from xla_dtensor.core.ir import topo_order
+    return any(n.fn is None and id(n.data) in ids for n in topo_order(roots))
 
 
 mark_step = sync
@@ -320,36 +362,55 @@ mark_step = sync
 @guard
 def wait() -> None:
     """Block until every computation launched so far has finished."""
-    arrays = [s.value.data for s in list(LIVE) if s.value.fn is None and isinstance(s.value.data, jax.Array)]
-    jax.block_until_ready(arrays)
-    index_checks.verify_launched()
+    with threads.held():
+        arrays = [s.value.data for s in live() if s.value.fn is None and isinstance(s.value.data, jax.Array)]
+    _await(arrays)
+    index_checks.verify_launched(threads.me() if threads.MULTI[0] else None)
 
 
 def materialize(t: LazyTensor) -> Any:
     """The array of ``t``'s current value, computing only what it needs (and pending index checks)."""
-    checks, check_roots = index_checks.take() if index_checks.PENDING else ([], [])
+    with threads.held():
+        arr, checks, checked, me = _materialize(t)
+    if index_checks.LAUNCHED:
+        index_checks.verify_launched(me)
+    index_checks.verify(checks, checked)
+    return arr
+
+
+def _materialize(t: LazyTensor) -> tuple[Any, list, list[Any], int | None]:
+    """:func:`materialize` under the lock: (the array, the index checks run, their arrays, the thread)."""
+    me = threads.me() if threads.MULTI[0] else None
+    checks, check_roots = index_checks.take(me) if index_checks.PENDING else ([], [])
     v = value_of(t)
     if v.fn is None:
-        if checks or index_checks.LAUNCHED:
-            index_checks.verify_launched()
-            index_checks.verify(checks, execute(check_roots) if checks else [])
-        return v.data
+        return v.data, checks, (execute(check_roots) if checks else []), me
     arr, *checked = execute([v] + check_roots)
     if not t._chain and not any(keep(t._storage) for keep in KEEP_PENDING):
         # NOTE: a view keeps its pending value: a cached leaf could be donated later
         t._storage.value = data_leaf(arr, t._meta[0], t._meta[1])
         t._storage.version += 1
-    index_checks.verify_launched()
-    index_checks.verify(checks, checked)
-    return arr
+    return arr, checks, checked, me
 
 
 @guard
 def to_cpu(t: LazyTensor) -> torch.Tensor:
-    """A CPU copy of ``t`` (a host transfer)."""
-    arr = materialize(t)
-    metrics._COUNTS["transfers_to_host"] += 1
-    host = np.array(arr)
+    """A CPU copy of ``t`` (a host transfer).
+
+    NOTE: the wait for the device runs with the lock released (:func:`threads.released`), so
+    other threads record while this one waits; the copy itself is taken under the lock, from
+    ``t``'s current value if another thread's step consumed the awaited buffer meanwhile.
+    """
+    with threads.held():
+        arr, checks, checked, me = _materialize(t)
+        with threads.released():
+            _await([arr, *checked])
+            index_checks.verify_launched(me)
+            index_checks.verify(checks, checked)
+        if isinstance(arr, jax.Array) and arr.is_deleted():
+            arr = _materialize(t)[0]
+        metrics._COUNTS["transfers_to_host"] += 1
+        host = np.array(arr)
     dtype = t._meta[1]
     if dtype == torch.bfloat16:
         return torch.from_numpy(host.astype(np.float32)).to(torch.bfloat16)

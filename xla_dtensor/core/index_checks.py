@@ -26,6 +26,7 @@ Example:
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -34,6 +35,7 @@ import torch
 
 from xla_dtensor.config import config
 from xla_dtensor.core import dispatch as _dispatch_mod
+from xla_dtensor.core import threads as _threads
 from xla_dtensor.core.dispatch import SPECIAL, record
 from xla_dtensor.core.ir import Node, make_node
 from xla_dtensor.core.source import user_frame
@@ -53,10 +55,11 @@ class Check(NamedTuple):
     error: type[Exception]
     message: str  # format fields: index, dim, size
     where: str
+    owner: int = 0  # the thread whose barrier reports it (core.threads)
 
 
 PENDING: list[Check] = []  # recorded, not yet computed
-LAUNCHED: list[tuple[list[Check], list[Any]]] = []  # computed by a launched program, not yet read
+LAUNCHED: list[tuple[int | None, list[Check], list[Any]]] = []  # (owner, checks, arrays): computed by a launched program, not yet read
 
 
 def active() -> bool:
@@ -98,7 +101,7 @@ def _add(op: Any, index: Any, dim: int, size: int, error: type[Exception], messa
         return
     key = ("check_indices", size, negative, ignore)
     node = make_node("check_indices", key, hash(key), (value_of(index),), _check_fn(size, negative, ignore))
-    PENDING.append(Check(node, op, dim, size, error, message, user_frame()))
+    PENDING.append(Check(node, op, dim, size, error, message, user_frame(), _threads.OWNER[0]))
 
 
 _BOUNDS = "index {index} is out of bounds for dimension {dim} with size {size}"
@@ -204,30 +207,49 @@ def _stack(*checks: Any) -> Any:
     return jnp.stack(checks)
 
 
-def take() -> tuple[list[Check], list[Node]]:
-    """The pending checks (cleared), and the one node computing them all ([] if none).
+def take(owner: int | None = None) -> tuple[list[Check], list[Node]]:
+    """The pending checks (removed), and the one node computing them all ([] if none).
 
+    ``owner``: only that thread's checks (and those of no thread or a finished one); ``None``: all.
+    Checks whose inputs a compiled replay consumed are dropped with a warning (:func:`runnable`).
     The caller adds the node to its program; its value (int64[k, 2]) goes to :func:`verify`.
     """
     if not PENDING:
         return [], []
-    checks = PENDING[:]
-    PENDING.clear()
+    others = [] if owner is None else [c for c in PENDING if c.owner not in (owner, 0)]
+    if others:
+        running = _threads.alive()
+        others = [c for c in others if c.owner in running]
+    kept = {id(c) for c in others}
+    checks = runnable([c for c in PENDING if id(c) not in kept])
+    PENDING[:] = others
+    if not checks:
+        return [], []
     key = ("check_indices", len(checks))
     return checks, [make_node("check_indices", key, hash(key), tuple(c.node for c in checks), _stack)]
 
 
-def launched(checks: list[Check], arrays: list[Any]) -> None:
-    """Remember checks a launched program computes, to read at the next barrier."""
+def launched(checks: list[Check], arrays: list[Any], owner: int | None = None) -> None:
+    """Remember checks a launched program computes, to read at ``owner``'s next barrier."""
     if checks:
-        LAUNCHED.append((checks, arrays))
+        LAUNCHED.append((owner, checks, arrays))
 
 
-def verify_launched() -> None:
-    """Read the checks of programs launched earlier; raise for the first that failed (each read once)."""
-    while LAUNCHED:
-        checks, arrays = LAUNCHED.pop(0)
-        verify(checks, arrays)
+def verify_launched(owner: int | None = None) -> None:
+    """Read the checks of programs launched earlier (by ``owner``, by no thread or by a finished
+    one; ``None``: all); raise for the first that failed (each read once)."""
+    running = _threads.alive() if owner is not None and any(o not in (None, owner) for o, _, _ in LAUNCHED) else None
+    mine = [e for e in LAUNCHED if owner is None or e[0] in (None, owner) or (running is not None and e[0] not in running)]
+    if not mine:
+        return
+    ids = {id(e) for e in mine}
+    LAUNCHED[:] = [e for e in LAUNCHED if id(e) not in ids]
+    for k, (_, checks, arrays) in enumerate(mine):
+        try:
+            verify(checks, arrays)
+        except Exception:
+            LAUNCHED[:0] = mine[k + 1:]  # the rest stay for the next barrier
+            raise
 
 
 def verify(checks: list[Check], arrays: list[Any]) -> None:
@@ -238,3 +260,17 @@ def verify(checks: list[Check], arrays: list[Any]) -> None:
         if bad:
             text = c.message.format(index=int(index), dim=c.dim, size=c.size)
             raise c.error(f"{text} ({c.op} at {c.where}; found by xla_dtensor.config.check_indices)")
+
+
+def runnable(checks: list[Check]) -> list[Check]:
+    """``checks`` whose inputs still exist (a compiled replay may have donated a traced leaf's buffer)."""
+    from xla_dtensor.core.ir import topo_order
+    keep = []
+    for c in checks:
+        leaves = [n for n in topo_order([c.node]) if n.fn is None]
+        if any(getattr(n.data, "is_deleted", lambda: False)() for n in leaves):
+            warnings.warn(f"check_indices: {c.op} at {c.where} was not checked (its inputs were consumed by a "
+                          "compiled program)", stacklevel=3)
+            continue
+        keep.append(c)
+    return keep

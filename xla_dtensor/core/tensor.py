@@ -9,6 +9,8 @@ Invariants relied on elsewhere:
 * In-place writes rebind ``storage.value`` and bump ``storage.version``; a view's
   cached value is valid only while ``t._seen == storage.version`` and is otherwise
   re-derived from the storage by replaying the chain.
+* Every op runs holding ``threads.LOCK``; ``storage.owner`` is the thread that last gave
+  the storage a pending value (see :mod:`xla_dtensor.core.threads`).
 """
 from __future__ import annotations
 
@@ -18,22 +20,30 @@ from typing import Any
 
 import torch
 
+from xla_dtensor.core import threads as _threads
 from xla_dtensor.core.device import DEVICE_NAME
 from xla_dtensor.core.ir import Node
 
 _DEVICE = torch.device(DEVICE_NAME, 0)
 LIVE: weakref.WeakSet[Storage] = weakref.WeakSet()  # every live storage
 _SEQ = itertools.count()  # creation order: sync() sorts by it so the same step has the same program
+_LOCK, _OWNER, _enter, _me = _threads.LOCK, _threads.OWNER, _threads.enter, _threads.me
+
+
+def live() -> list[Storage]:
+    """The live storages (a snapshot: another thread may create storages meanwhile)."""
+    return [s for s in [r() for r in list(LIVE.data)] if s is not None]
 
 
 class Storage:
     """The value cell shared by a root tensor and all its views."""
 
-    __slots__ = ("value", "version", "meta", "seq", "donor", "__weakref__")
+    __slots__ = ("value", "version", "meta", "seq", "donor", "owner", "__weakref__")
 
     def __init__(self, value: Node, meta: tuple) -> None:
         self.value, self.version, self.meta, self.seq = value, 0, meta, next(_SEQ)
         self.donor: int | None = None  # id() of the device-data leaf the first pending write replaced
+        self.owner: int = _OWNER[0] or _me()  # the thread whose sync() computes a pending value
 
 
 class LazyTensor(torch.Tensor):
@@ -53,13 +63,19 @@ class LazyTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
-        try:
-            return _dispatch_mod.dispatch(func, args, kwargs or {})  # (eager mode swaps the function)
-        except Exception as error:
-            from xla_dtensor.core import backward_errors
-            if not backward_errors.in_backward():
-                raise
-            return backward_errors.poisoned_result(func, args, kwargs or {}, error)
+        with _LOCK:
+            outer = _OWNER[0]
+            if not outer:  # entering the core (not an op inside an op): whose op, in which mode
+                _OWNER[0] = _enter(args)
+            try:
+                return _dispatch_mod.dispatch(func, args, kwargs or {})  # (eager mode swaps the function)
+            except Exception as error:
+                from xla_dtensor.core import backward_errors
+                if not backward_errors.in_backward():
+                    raise
+                return backward_errors.poisoned_result(func, args, kwargs or {}, error)
+            finally:
+                _OWNER[0] = outer
 
     # NOTE: these two make torch treat us as a traceable wrapper subclass, so that
     # ``module.to(dev)`` swaps parameters in place (``torch.utils.swap_tensors``) instead
@@ -187,6 +203,7 @@ def write(t: LazyTensor, value: Node) -> None:
     s = t._storage
     if s.value.fn is None:
         s.donor = id(s.value)  # NOTE: an id, not the node: a reference would keep a non-donated buffer alive
+    s.owner = _OWNER[0] or _me()
     if t._chain:
         from xla_dtensor.core.views import scatter_into
         s.value = scatter_into(s.value, s.meta, t._chain, value)

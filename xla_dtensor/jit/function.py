@@ -18,6 +18,7 @@ import warnings
 from typing import Any, Callable
 
 import jax
+import torch
 
 from xla_dtensor import metrics
 from xla_dtensor.jit import layouts, replay
@@ -25,7 +26,7 @@ from xla_dtensor.jit.args import describe_change, signature
 from xla_dtensor.jit.capture import capture, make_capturable, share_equal_scalars
 from xla_dtensor.jit.hidden import Hidden
 from xla_dtensor.config import config
-from xla_dtensor.core import executor
+from xla_dtensor.core import executor, threads
 from xla_dtensor.core.tensor import LazyTensor
 from xla_dtensor.debug import analysis
 from xla_dtensor.debug import metrics_report as timing
@@ -50,18 +51,18 @@ class FreedInputWarning(UserWarning):
     """A compiled function read a tensor that it freed and that no argument reaches."""
 
 
-_CLEAN = [(-1, -1)]
+_CLEAN: dict[int, tuple[int, int]] = {}  # per thread (core.threads owner): the op counts when it had nothing pending
 MAX_SIGNATURES = 64  # programs kept per compiled function (a watched global that keeps changing adds one per value)
 
 
 def _pending() -> bool:
     c = metrics._COUNTS
-    return (c["ops_recorded"], c["hash_cons_hits"]) != _CLEAN[0]
+    return (c["ops_recorded"], c["hash_cons_hits"]) != _CLEAN.get(threads.me())
 
 
 def _mark_clean() -> None:
     c = metrics._COUNTS
-    _CLEAN[0] = (c["ops_recorded"], c["hash_cons_hits"])
+    _CLEAN[threads.me()] = (c["ops_recorded"], c["hash_cons_hits"])
 
 
 class CompiledFunction:
@@ -77,6 +78,7 @@ class CompiledFunction:
         self._hidden = Hidden(fn)
         functools.update_wrapper(self, fn)
 
+    @threads.locked  # NOTE: a whole call: no other thread's op may land in a trace or between gather and rebind
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         flat: list = []
         sig = signature(args, kwargs, flat, self._hidden.key())
@@ -89,12 +91,16 @@ class CompiledFunction:
                 if _pending():
                     executor.sync()
                 inputs = e.gather(flat)
+                if type(inputs) is list and threads.MULTI[0] and e.donate and \
+                        executor.foreign_reads([inputs[i] for i in e.donate]):
+                    executor.sync(all_threads=True)  # another thread's pending value reads a buffer donated here
+                    inputs = e.gather(flat)
                 if type(inputs) is list:
                     out = e.apply(e.compiled(*inputs), flat)
                     c = metrics._COUNTS
                     c["compile_replays"] += 1
                     c["executions"] += 1
-                    _CLEAN[0] = (c["ops_recorded"], c["hash_cons_hits"])
+                    _CLEAN[threads.me()] = (c["ops_recorded"], c["hash_cons_hits"])
                     timing.record("replay_host", time.perf_counter() - t0)
                     if analysis.ENABLED[0]:
                         analysis.event("execute", "compile call (replay)", hash(e.struct), e.n_in, e.n_out,
@@ -129,7 +135,8 @@ class CompiledFunction:
 
     def _run_lazily(self, args: tuple, kwargs: dict) -> Any:
         metrics._COUNTS["compile_lazy_calls"] += 1
-        out = self._fn(*args, **kwargs)
+        with torch.autograd.set_multithreading_enabled(False):  # NOTE: backward here: torch's thread waits for the lock
+            out = self._fn(*args, **kwargs)
         executor.sync()
         _mark_clean()
         return out
@@ -140,11 +147,12 @@ class CompiledFunction:
         sig = signature(args, kwargs, flat, self._hidden.key())
         old = self._entries.get(sig, old)
         from xla_dtensor.eager import suspended
-        executor.sync()
+        executor.sync(all_threads=True)  # NOTE: a pending value of any thread read by fn would be traced as a constant
         if sig not in self._unshared:
             share_equal_scalars(flat)
         t0 = time.perf_counter()
-        with suspended():
+        # NOTE: backward on this thread: torch's autograd thread would wait for the lock this call holds
+        with suspended(), torch.autograd.set_multithreading_enabled(False):
             cap, out = capture(self._fn, args, kwargs, flat)
         timing.record("trace", time.perf_counter() - t0)
         recheck = old is not None and reason.startswith("periodic")

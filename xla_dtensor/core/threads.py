@@ -1,0 +1,180 @@
+"""Several Python threads on the device: one lock, and which thread owns pending work.
+
+Every entry into the lazy core (an op's ``__torch_dispatch__``, ``sync()``, ``.item()``
+/ ``.cpu()``, a ``compile``d call, the ``spmd`` calls that rebind tensors) holds
+:data:`LOCK`, a re-entrant lock, so ops, syncs and replays of different threads never
+interleave inside the core (their programs still run on the device concurrently).
+
+Ownership: each storage records the thread that last gave it a pending value (created
+it, or wrote it in place), its *owner*. ``sync()`` executes the caller's pending
+storages, and those whose owner is gone (a finished thread) or unknown (``0``); other
+threads' pending graphs stay pending, and no buffer they read is donated.
+
+NOTE: torch's autograd engine runs ``backward()`` of device tensors on its own device
+thread, one for every Python thread, so "the calling thread" of a backward op is not
+the thread that called ``backward()``. Threads Python did not start (*borrowed*:
+torch's autograd threads) never own anything: an op there belongs to the owner of its
+first lazy tensor argument (the forward's saved tensors and the incoming gradient
+belong to the thread that ran the forward), else to the owner of that thread's last op.
+
+Eager mode is per owner (:data:`MODES`): the lock holder's mode is installed in the
+core's globals (``dispatch.dispatch``, hash-consing) when it differs from the
+installed one (:data:`SWITCH`), so a borrowed autograd thread runs an eager thread's
+backward eagerly and a lazy thread's lazily.
+
+Example:
+    >>> with held():
+    ...     OWNER[0] == me()
+    True
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable, Iterator
+
+from xla_dtensor.core.ir import Node
+
+LOCK = threading.RLock()
+# NOTE: set only by the lock holder, reset before it releases: non-zero means "this thread is
+# already inside the core" (a nested op); 0 means a thread entering (see LazyTensor.__torch_dispatch__)
+OWNER = [0]
+MULTI = [False]  # a second thread has used the device (until then nothing here costs more than the lock)
+MODES: dict[int, Any] = {}  # owner -> its eager-mode state (absent: lazy); filled by xla_dtensor.eager
+INSTALLED: list[Any] = [None]  # the mode installed in the core's globals now
+SWITCH: list[Callable[[Any], None] | None] = [None]  # installs a mode (set by xla_dtensor.eager)
+
+_USER, _BORROWED = 1, 2
+_FIRST = [0]
+
+
+class _Thread(threading.local):
+    kind = 0  # 0: not seen yet
+    ident = 0
+    last = 0  # a borrowed thread: the owner of its last op
+
+
+_THIS = _Thread()
+
+
+def _learn() -> int:
+    t = _THIS
+    t.ident = threading.get_ident()
+    t.kind = _BORROWED if isinstance(threading.current_thread(), threading._DummyThread) else _USER
+    if t.kind == _USER:
+        MODES.pop(t.ident, None)  # a finished thread's (Python reuses idents): a new thread starts lazy
+        if not _FIRST[0]:
+            _FIRST[0] = t.ident
+        elif _FIRST[0] != t.ident:
+            MULTI[0] = True
+    return t.kind
+
+
+def _inherit(args: tuple) -> int:
+    """The owner of the first lazy tensor in ``args`` (one level into lists), or 0."""
+    from xla_dtensor.core.tensor import LazyTensor
+    for a in args:
+        if isinstance(a, LazyTensor):
+            o = a._storage.owner
+        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], LazyTensor):
+            o = a[0]._storage.owner
+        else:
+            continue
+        if o:
+            return o
+    return 0
+
+
+def enter(args: tuple) -> int:
+    """The owner of an op entering the core with ``args``; installs that owner's mode.
+
+    Called by the lock holder when ``OWNER[0] == 0``.
+    """
+    t = _THIS
+    kind = t.kind or _learn()
+    if kind == _USER:
+        owner = t.ident
+    else:
+        owner = _inherit(args) or t.last
+        t.last = owner
+    if MODES or INSTALLED[0] is not None:
+        mode = MODES.get(owner)
+        if mode is not INSTALLED[0]:
+            SWITCH[0](mode)  # type: ignore[misc]
+    return owner
+
+
+def me() -> int:
+    """The owner of what the calling thread records (its ident; a borrowed thread: its last op's owner)."""
+    if OWNER[0] and LOCK._is_owned():  # type: ignore[attr-defined]
+        return OWNER[0]
+    t = _THIS
+    kind = t.kind or _learn()
+    return t.ident if kind == _USER else t.last
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Hold :data:`LOCK` as an entry point outside an op (a compiled call, an ``spmd`` relayout)."""
+    with LOCK:
+        outer = OWNER[0]
+        if not outer:
+            OWNER[0] = enter(())
+        try:
+            yield
+        finally:
+            OWNER[0] = outer
+
+
+def locked(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run under :func:`held` (a decorator for entry points that build IR outside an op)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with held():
+            return fn(*args, **kwargs)
+    return wrapped
+
+
+@contextlib.contextmanager
+def released() -> Iterator[None]:
+    """Let other threads into the core while this one waits for the device (a host transfer).
+
+    Releases :data:`LOCK` completely, also when held by outer frames of this thread, and
+    takes it back with this thread's owner and mode. Outer frames must then hold only
+    tensors, never IR nodes of a pending value (a sync elsewhere may consume those).
+    NOTE: not while ``compile`` records a call: its capture must see only its own ops.
+    """
+    from xla_dtensor.core import executor
+    if executor.CAPTURING[0] or not LOCK._is_owned():  # type: ignore[attr-defined]
+        yield
+        return
+    owner = OWNER[0]
+    OWNER[0] = 0
+    state = LOCK._release_save()  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        LOCK._acquire_restore(state)  # type: ignore[attr-defined]
+        OWNER[0] = owner
+        if MODES or INSTALLED[0] is not None:
+            mode = MODES.get(owner)
+            if mode is not INSTALLED[0]:
+                SWITCH[0](mode)  # type: ignore[misc]
+
+
+def alive() -> set[int]:
+    """Idents of the running Python threads."""
+    return {t.ident for t in threading.enumerate() if t.ident is not None}
+
+
+def mine(owner: int, me_: int, live: set[int] | None) -> bool:
+    """Whether a storage owned by ``owner`` is synced by thread ``me_`` (``live``: :func:`alive`)."""
+    return owner == me_ or not owner or (live is not None and owner not in live)
+
+
+def reached_leaves(roots: list[Node]) -> set[int]:
+    """ids of the device-data leaves reachable from ``roots``."""
+    from xla_dtensor.core.ir import topo_order
+    return {id(n) for n in topo_order(roots) if n.fn is None}
