@@ -32,6 +32,9 @@ KEEP_PENDING: list[Callable[[Storage], bool]] = []  # materialize() leaves such 
 # NOTE: set while xla_dtensor.compile records a function: work on device data must become graph
 # nodes then (a layout change done at once would be baked into the program as a constant).
 CAPTURING = [False]
+# NOTE: while capturing, in order: ("read", value before, value after) per host read of a device value,
+# ("host", leaf) per device leaf made from host data; jit.capture tells constant reads from data-dependent ones.
+CAPTURE_LOG: list[tuple] = []
 # dead inputs (e.g. a step's batch) are donated too; XLA just cannot reuse some of them
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -402,7 +405,10 @@ def to_cpu(t: LazyTensor) -> torch.Tensor:
     ``t``'s current value if another thread's step consumed the awaited buffer meanwhile.
     """
     with threads.held():
+        read = value_of(t) if CAPTURING[0] else None
         arr, checks, checked, me = _materialize(t)
+        if read is not None:
+            CAPTURE_LOG.append(("read", read, value_of(t)))
         with threads.released():
             _await([arr, *checked])
             index_checks.verify_launched(me)
@@ -424,4 +430,7 @@ def to_device(cpu: torch.Tensor) -> Node:
     c = cpu.detach()
     host = c.float().numpy().astype(jd) if cpu.dtype == torch.bfloat16 else c.resolve_conj().resolve_neg().numpy()
     arr = jax.device_put(np.array(host, copy=True, order="C"))  # NOTE: a copy: CPU JAX may alias numpy memory
-    return data_leaf(arr, tuple(cpu.shape), cpu.dtype)
+    leaf = data_leaf(arr, tuple(cpu.shape), cpu.dtype)
+    if CAPTURING[0]:
+        CAPTURE_LOG.append(("host", leaf))
+    return leaf
