@@ -80,6 +80,12 @@ def _on_device(model: nn.Module, data: list) -> tuple[nn.Module, list]:
     return model.to(dev), [(x.to(dev), y.to(dev)) for x, y in data]
 
 
+def _check_mode(mode: str) -> None:
+    """The calling thread is in eager mode exactly when it turned it on (the mode is per thread)."""
+    eager = xla_dtensor.eager.is_eager()
+    assert eager == (mode == "eager"), f"a {mode} thread sees is_eager() == {eager}"
+
+
 def train(mode: str, seed: int, wait: Callable[[], Any] = lambda: None, behind: bool = False,
           place: Place = _on_device) -> list[float]:
     """``seed``'s model trained for ``STEPS`` steps in ``mode``; the losses.
@@ -101,7 +107,7 @@ def train(mode: str, seed: int, wait: Callable[[], Any] = lambda: None, behind: 
     try:
         for x, y in data:
             wait()
-            assert xla_dtensor.eager.is_eager() == (mode == "eager")  # the mode is this thread's own
+            _check_mode(mode)
             loss = COMPILED(model, opt, x, y) if mode == "compile" else forward_backward(model, x, y)
             wait()
             if mode != "compile":
@@ -111,7 +117,7 @@ def train(mode: str, seed: int, wait: Callable[[], Any] = lambda: None, behind: 
                 xla_dtensor.sync()
             losses.append(loss.item())
         wait()
-        assert xla_dtensor.eager.is_eager() == (mode == "eager")
+        _check_mode(mode)
     finally:
         if mode == "eager":
             xla_dtensor.eager_mode(False)
