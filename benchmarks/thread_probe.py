@@ -5,9 +5,11 @@ training its own MLP, in the 6 mode pairs (lazy, ``compile``, eager), under thre
 schedules (``aligned``: a barrier lines the threads' phases up; ``staggered``: thread B one
 phase behind A; ``free``: no barrier), plus the sharded pair (DP 1x8 lazy + 2x4 Megatron
 ``compile``) and the out-of-range index orders. A thread's result is wrong when it raised,
-when its losses are not torch CPU's (rtol 1e-4) or not bit-equal to the same job run alone
-(the index jobs: when thread A did not get its ``IndexError``, or thread B got one or
-values other than CPU's). A correctness count, not a speed claim. Prints a table; saves
+or when its losses are not torch CPU's (rtol 1e-4); the index jobs: when thread A did not
+get its ``IndexError``, or thread B got one or values other than CPU's. Results that are
+right but not bit-equal to the same job run alone are counted apart (a ``compile`` trace
+syncs every thread, so it may split a lazy thread's step into two programs, fused
+differently). A correctness count, not a speed claim. Prints a table; saves
 ``benchmarks/results/thread_probe.md``.
 
 Usage: PYTHONPATH=. python benchmarks/thread_probe.py [--reps 5]
@@ -33,23 +35,24 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def _free(modes: tuple[str, str]) -> list[Callable[[threading.Barrier], Any]]:
-    return [lambda bar: T.train(modes[0], T.SEEDS[0]), lambda bar: T.train(modes[1], T.SEEDS[1])]
+    a, b = T._model(T.SEEDS[0]), T._model(T.SEEDS[1])  # (on this thread: they seed torch's generator)
+    return [lambda bar: T.train(modes[0], T.SEEDS[0], model=a), lambda bar: T.train(modes[1], T.SEEDS[1], model=b)]
 
 
-def _wrong_training(jobs: list, modes: tuple[str, str], ref: dict, alone: dict | None) -> tuple[int, str]:
-    """(wrong thread results of one run, the first failure's text)."""
+def _wrong_training(jobs: list, modes: tuple[str, str], ref: dict, alone: dict | None) -> tuple[int, int, str]:
+    """(wrong thread results of one run, results not bit-equal to the job alone, the first failure's text)."""
     try:
         got = T.run_threads(jobs)
     except Exception as e:  # noqa: BLE001  (counted)
-        return len(jobs), f"{type(e).__name__}: {str(e)[:120]}"
-    wrong, why = 0, ""
+        return len(jobs), 0, f"{type(e).__name__}: {str(e)[:120]}"
+    wrong, inexact, why = 0, 0, ""
     for mode, seed, losses in zip(modes, T.SEEDS, got):
-        ok = torch.allclose(torch.tensor(losses), torch.tensor(ref[seed]), rtol=1e-4, atol=0)
-        if ok and alone is not None:
-            ok = losses == alone[mode, seed]
-        if not ok:
+        if not torch.allclose(torch.tensor(losses), torch.tensor(ref[seed]), rtol=1e-4, atol=0):
             wrong, why = wrong + 1, why or f"{mode} seed {seed}: {losses} vs CPU {ref[seed]}"
-    return wrong, why
+        elif alone is not None and losses != alone[mode, seed]:
+            rel = max(abs(a - b) / abs(b) for a, b in zip(losses, alone[mode, seed]))
+            inexact, why = inexact + 1, why or f"({mode} seed {seed}: {rel:.1e} from alone)"
+    return wrong, inexact, why
 
 
 def _wrong_index(order: str) -> tuple[int, str]:
@@ -76,35 +79,38 @@ def main() -> None:
     t0 = time.perf_counter()
     ref = {s: T.cpu_losses(s) for s in T.SEEDS}
     alone = {(m, s): T.train(m, s) for m in T.MODES for s in T.SEEDS}
-    rows: list[tuple[str, str, int, int, str]] = []  # (case, schedule, results, wrong, first failure)
+    rows: list[tuple[str, str, int, int, int, str]] = []  # (case, schedule, results, wrong, not bit-equal, first note)
     for modes in T.PAIRS:
         for schedule in ("aligned", "staggered", "free"):
-            n = wrong = 0
+            n = wrong = inexact = 0
             why = ""
             for _ in range(a.reps):
                 jobs = _free(modes) if schedule == "free" else T._pair(modes, schedule == "staggered")
-                w, text = _wrong_training(jobs, modes, ref, alone)
-                n, wrong, why = n + 2, wrong + w, why or text
-            rows.append(("+".join(modes), schedule, n, wrong, why))
+                w, x, text = _wrong_training(jobs, modes, ref, alone)
+                n, wrong, inexact, why = n + 2, wrong + w, inexact + x, why or text
+            rows.append(("+".join(modes), schedule, n, wrong, inexact, why))
     n = wrong = 0
     why = ""
     for _ in range(a.reps):
-        jobs = [*T._pair(("lazy", "compile"), True, T._dp)[:1], *T._pair(("lazy", "compile"), True, T._tp)[1:]]
-        w, text = _wrong_training(jobs, ("lazy", "compile"), ref, None)
+        jobs = T._pair(("lazy", "compile"), True, (T._dp, T._tp))
+        w, _, text = _wrong_training(jobs, ("lazy", "compile"), ref, None)
         n, wrong, why = n + 2, wrong + w, why or text
-    rows.append(("DP lazy + TP compile", "staggered", n, wrong, why))
+    rows.append(("DP lazy + TP compile", "staggered", n, wrong, 0, why))
     for order in T.ORDERS:
         n = wrong = 0
         why = ""
         for _ in range(a.reps):
             w, text = _wrong_index(order)
             n, wrong, why = n + 2, wrong + w, why or text
-        rows.append((f"index check: {order}", "aligned", n, wrong, why))
-    total, bad = sum(r[2] for r in rows), sum(r[3] for r in rows)
+        rows.append((f"index check: {order}", "aligned", n, wrong, 0, why))
+    total, bad, inexact = sum(r[2] for r in rows), sum(r[3] for r in rows), sum(r[4] for r in rows)
     lines = [f"Two threads on the device, {a.reps} runs per case (`benchmarks/thread_probe.py`, "
-             f"{time.perf_counter() - t0:.0f} s). Wrong thread results: {bad} of {total}.", "",
-             "| case | schedule | thread results | wrong | first failure |", "|---|---|---|---|---|"]
-    lines += [f"| {c} | {s} | {n} | {w} | {why} |" for c, s, n, w, why in rows]
+             f"{time.perf_counter() - t0:.0f} s). Wrong thread results: {bad} of {total}; right (CPU's, rtol 1e-4) "
+             f"but not bit-equal to the job run alone: {inexact} (the sharded pair is compared with CPU only).",
+             "", "| case | schedule | thread results | wrong | not bit-equal to alone "
+             "| first failure (or difference) |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {c} | {s} | {n} | {w} | {x} | {why} |" for c, s, n, w, x, why in rows]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "thread_probe.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

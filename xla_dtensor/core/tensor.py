@@ -43,7 +43,8 @@ class Storage:
     def __init__(self, value: Node, meta: tuple) -> None:
         self.value, self.version, self.meta, self.seq = value, 0, meta, next(_SEQ)
         self.donor: int | None = None  # id() of the device-data leaf the first pending write replaced
-        # the thread whose sync() computes a pending value (NOTE: not _OWNER[0]: outside the lock that is another thread's)
+        # the thread whose sync() computes a pending value
+        # NOTE: not _OWNER[0]: outside the lock, that is another thread's
         self.owner: int = _me()
 
 

@@ -1,17 +1,19 @@
 """Two Python threads, each training its own model on the device, in every mode pair.
 
 Each thread trains a small MLP (its own seed, its own data) with Adam, in lazy mode,
-through ``xla_dtensor.compile`` or in eager mode. A :class:`threading.Barrier` lines the
-two threads up twice a step: both start recording together, and both hold recorded,
-unsynced work when the first of them syncs (a ``compile``d call holds the core's lock
-for the whole call, so its thread waits at the barrier around the call instead). The
-oracle is torch CPU eager: the same model, data and optimizer on CPU, one thread.
-Before the lock and per-thread ownership, 5 of these 6 mode pairs raised
-``RuntimeError: Array has been deleted`` in one thread and gave wrong losses in the other.
+through ``xla_dtensor.compile`` or in eager mode. A :class:`threading.Barrier` separates
+each step's phases (forward and backward, optimizer step, sync and host read; a
+``compile``d call is one atomic phase: it holds the core's lock). ``aligned``: both
+threads run the same phase at once (they record, then sync, together); ``staggered``:
+thread B runs one phase behind A (one syncs while the other records, and one leaves eager
+mode before the other's last check). The oracle is torch CPU eager: the same model, data
+and optimizer on CPU, one thread; and the same job run alone on the device. Before the
+lock and per-thread ownership every mode pair failed in at least one schedule:
+``RuntimeError: Array has been deleted`` in one thread, the other thread's eager mode
+switched on or off, or losses off CPU's (``benchmarks/thread_probe.py`` counts them).
 """
 from __future__ import annotations
 
-import copy
 import sys
 import threading
 from typing import Any, Callable
@@ -31,6 +33,8 @@ MODES = ("lazy", "compile", "eager")
 
 
 def _model(seed: int) -> nn.Module:
+    """NOTE: seeds torch's global generator: call it on the main thread (two threads seeding and
+    drawing at once draw each other's numbers)."""
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
 
@@ -87,8 +91,9 @@ def _check_mode(mode: str) -> None:
 
 
 def train(mode: str, seed: int, wait: Callable[[], Any] = lambda: None, behind: bool = False,
-          place: Place = _on_device) -> list[float]:
-    """``seed``'s model trained for ``STEPS`` steps in ``mode``; the losses.
+          place: Place = _on_device, model: nn.Module | None = None) -> list[float]:
+    """``seed``'s model (``model``: made by ``_model(seed)`` beforehand) trained for ``STEPS``
+    steps in ``mode``; the losses.
 
     ``wait`` (a barrier's) separates the phases: set up; then per step forward and
     backward (a ``compile``d call: the whole step), the optimizer step, and the sync and
@@ -99,7 +104,7 @@ def train(mode: str, seed: int, wait: Callable[[], Any] = lambda: None, behind: 
     """
     if behind:
         wait()
-    model, data = place(_model(seed), _data(seed))
+    model, data = place(_model(seed) if model is None else model, _data(seed))
     opt = _adam(model.parameters())
     if mode == "eager":
         xla_dtensor.eager_mode(True)
@@ -180,10 +185,12 @@ def sequential(ref) -> dict[tuple[str, int], list[float]]:
     return out
 
 
-def _pair(modes: tuple[str, str], staggered: bool, place: Place = _on_device) -> list[Callable[[threading.Barrier], Any]]:
+def _pair(modes: tuple[str, str], staggered: bool,
+          places: tuple[Place, Place] = (_on_device, _on_device)) -> list[Callable[[threading.Barrier], Any]]:
     """Thread A's and thread B's jobs: B one phase behind A (``staggered``) or in step with it."""
-    return [lambda bar: train(modes[0], SEEDS[0], bar.wait, False, place),
-            lambda bar: train(modes[1], SEEDS[1], bar.wait, staggered, place)]
+    a, b = _model(SEEDS[0]), _model(SEEDS[1])
+    return [lambda bar: train(modes[0], SEEDS[0], bar.wait, False, places[0], a),
+            lambda bar: train(modes[1], SEEDS[1], bar.wait, staggered, places[1], b)]
 
 
 @pytest.mark.parametrize("staggered", [False, True], ids=["aligned", "staggered"])
@@ -192,7 +199,9 @@ def test_two_threads_train_like_cpu_and_alone(ref, sequential, modes, staggered)
     got = run_threads(_pair(modes, staggered))
     for mode, seed, losses in zip(modes, SEEDS, got):
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref[seed]), rtol=1e-4, atol=0)
-        assert losses == sequential[mode, seed]  # the same programs as alone: the same values
+        # as alone, up to float rounding: a compile trace syncs every thread, so it may cut a lazy
+        # thread's step into two programs (fused differently: 1 ulp apart in 1 of 880 probe results)
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(sequential[mode, seed]), rtol=1e-6, atol=0)
     assert not xla_dtensor.eager.is_eager()  # a thread's eager mode is its own
 
 
@@ -223,7 +232,7 @@ def _tp(model: nn.Module, data: list) -> tuple[nn.Module, list]:
 def test_two_threads_sharded_dp_and_tp(ref):
     """Thread A trains data parallel (1x8) lazily, thread B Megatron (2x4) through ``compile``."""
     modes = ("lazy", "compile")
-    got = run_threads([*_pair(modes, True, _dp)[:1], *_pair(modes, True, _tp)[1:]])
+    got = run_threads(_pair(modes, True, (_dp, _tp)))
     for seed, losses in zip(SEEDS, got):
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref[seed]), rtol=1e-4, atol=0)
 
@@ -239,8 +248,6 @@ def checking() -> Any:
 
 
 W = torch.arange(30.0).reshape(10, 3)
-
-
 ORDERS = ("bad-syncs-first", "good-syncs-first", "good-compiles")
 
 
