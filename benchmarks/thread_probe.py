@@ -29,6 +29,7 @@ import torch
 
 import xla_dtensor
 from tests.xla_dtensor.core import test_threads as T
+from xla_dtensor.core import index_checks
 from xla_dtensor.debug.analysis import RecompileWarning
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -66,8 +67,8 @@ def _wrong_index(order: str) -> tuple[int, str]:
         return 1, f"{type(e).__name__}: {str(e)[:120]}"
     finally:
         xla_dtensor.config.check_indices = old
-        T.index_checks.PENDING.clear()
-        T.index_checks.LAUNCHED.clear()
+        index_checks.PENDING.clear()
+        index_checks.LAUNCHED.clear()
 
 
 def main() -> None:

@@ -25,7 +25,8 @@ from torch import nn
 
 import xla_dtensor
 import xla_dtensor.spmd as xs
-from xla_dtensor.core import index_checks
+
+from .test_index_checks import checking  # noqa: F401  (the fixture: check_indices on, pending checks cleared)
 
 STEPS = 3
 SEEDS = (0, 1)  # thread A's model and data, thread B's
@@ -200,7 +201,7 @@ def test_two_threads_train_like_cpu_and_alone(ref, sequential, modes, staggered)
     for mode, seed, losses in zip(modes, SEEDS, got):
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref[seed]), rtol=1e-4, atol=0)
         # as alone, up to float rounding: a compile trace syncs every thread, so it may cut a lazy
-        # thread's step into two programs (fused differently: 1 ulp apart in 1 of 880 probe results)
+        # thread's step into two programs (fused differently: ~1 ulp apart in 1 of 880 probe results)
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(sequential[mode, seed]), rtol=1e-6, atol=0)
     assert not xla_dtensor.eager.is_eager()  # a thread's eager mode is its own
 
@@ -235,16 +236,6 @@ def test_two_threads_sharded_dp_and_tp(ref):
     got = run_threads(_pair(modes, True, (_dp, _tp)))
     for seed, losses in zip(SEEDS, got):
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref[seed]), rtol=1e-4, atol=0)
-
-
-@pytest.fixture
-def checking() -> Any:
-    old = xla_dtensor.config.check_indices
-    xla_dtensor.config.check_indices = True
-    yield
-    xla_dtensor.config.check_indices = old
-    index_checks.PENDING.clear()
-    index_checks.LAUNCHED.clear()
 
 
 W = torch.arange(30.0).reshape(10, 3)
