@@ -295,11 +295,17 @@ def sync(wait: bool = False, *, pre_hooks: bool = True, all_threads: bool = Fals
 
 def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any], int | None]:
     """:func:`sync` under the lock: (the pending storages' arrays, the index checks run, their
-    arrays, the thread synced for: ``None`` for all)."""
+    arrays, the thread whose index checks they are: ``None`` while one thread uses the device).
+
+    NOTE: ``all_threads`` computes every thread's pending values but only the caller's index
+    checks: another thread's stay pending (their leaves are not donated), so each thread's
+    out-of-range index is raised in that thread, also when ``compile`` syncs every thread.
+    """
     pending: list[Storage] = []
     foreign: list[Node] = []  # other threads' pending values: their leaves are not donated
     held: set[int] = set()
-    me = None if all_threads or not threads.MULTI[0] else threads.me()
+    owner = threads.me() if threads.MULTI[0] else None
+    me = None if all_threads else owner
     running: set[int] | None = None
     for s in live():
         v = s.value
@@ -314,9 +320,9 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
                 foreign.append(v)
             else:  # its thread has finished: anyone's sync computes it
                 pending.append(s)
-    checks, check_roots = index_checks.take(me) if index_checks.PENDING else ([], [])
+    checks, check_roots = index_checks.take(owner) if index_checks.PENDING else ([], [])
     if not pending and not checks:
-        return [], [], [], me
+        return [], [], [], owner
     pending.sort(key=_seq)
     for hook in PRE_SYNC if pre_hooks else ():
         hook(pending)
@@ -331,7 +337,7 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
         s.version += 1
     for hook in POST_SYNC:
         hook(pending)
-    return arrays[:len(pending)], checks, arrays[len(pending):], me
+    return arrays[:len(pending)], checks, arrays[len(pending):], owner
 
 
 def _seq(s: Storage) -> int:
