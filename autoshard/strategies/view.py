@@ -1,4 +1,5 @@
-"""Shape ops: view / reshape, transpose / permute / t, expand, (un)squeeze, slice, select.
+"""Shape ops: view / reshape, transpose / permute / t, expand, (un)squeeze, slice, select,
+view_as_complex / view_as_real.
 
 All follow their input through the dim map and pass Partial values through. For a
 reshape, dims are grouped into runs of equal element count; only the first
@@ -96,3 +97,19 @@ def select(node: Node, graph: Graph) -> DimRule:
     dim = norm_dim(node.args[1], x.ndim)
     labels = tuple(None if d == dim else l for d, l in enumerate(dims("d", x.ndim)))
     return _follow(labels, labels[:dim] + labels[dim + 1:], node)
+
+
+@register("aten.view_as_complex")
+def view_as_complex(node: Node, graph: Graph) -> DimRule:
+    """``(..., 2)`` real -> ``(...)`` complex: the trailing (real, imag) pair stays whole, the rest map 1:1."""
+    (x,) = ins(node, graph)[:1]
+    labels = dims("d", x.ndim - 1)
+    return _follow(labels + (None,), labels, node)
+
+
+@register("aten.view_as_real")
+def view_as_real(node: Node, graph: Graph) -> DimRule:
+    """``(...)`` complex -> ``(..., 2)`` real: every dim maps 1:1, the new trailing pair is whole."""
+    (x,) = ins(node, graph)[:1]
+    labels = dims("d", x.ndim)
+    return _follow(labels, labels + (None,), node)

@@ -167,10 +167,16 @@ def _loop(zm: ZooModel, model: nn.Module, steps: int, *, put: Any, sync: Any, st
 
 
 def _plan_summary(plan: Any) -> dict[str, Any]:
+    """Counts of sharded parameters, whether the batch is split, and the plan-quality guard's findings."""
+    from autoshard.guard import verdict
+
     params = [n for n in plan.placements if not n.startswith(("input:", "exp_avg", "exp_avg_sq", "step:"))
               and ":" not in n]
     sharded = [n for n in params if any(p != "R" for p in plan.placements[n])]
     inputs = {n: plan.placements[n] for n in plan.placements if n.startswith("input:")}
+    guard = plan.stats.get("guard") or {}
     return {"params": len(params), "params_sharded": len(sharded),
             "batch_sharded": any(any(p != "R" for p in s) for s in inputs.values()),
-            "objective": getattr(plan, "objective", None)}
+            "objective": getattr(plan, "objective", None), "all_replicated": bool(guard.get("all_replicated")),
+            "dp_feasible": bool(guard.get("dp_feasible")), "guard": verdict(guard) or "",
+            "unknown_ops": list(plan.stats.get("unknown_ops") or [])}

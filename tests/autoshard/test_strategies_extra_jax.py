@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from tests.autoshard._shard_check import check_op, local, node_strategies  # noqa: I001
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -85,3 +86,17 @@ def test_single_tensor_optimizer_updates_follow_the_updated_tensor():
     check_op(strategies, [p, g, v], [p - 0.01 * g / v], lambda st, a, b, c: [a - 0.01 * b / c])
     _check("aten.lerp_.Scalar", [p, g], (None, None, 0.1), [p + 0.1 * (g - p)],
            lambda st, a, b: [a + 0.1 * (b - a)], min_count=6)
+
+
+def test_complex_views_keep_the_real_imag_pair_whole():
+    x = _r(8, 4, 6, 2)  # torchtitan's rotary: (batch, seq, heads, pairs) -> complex
+    z = x[..., 0] + 1j * x[..., 1]
+    strategies, _ = node_strategies("aten.view_as_complex.default", [x], (None,), [z.shape], ["complex64"])
+    assert all(p != ("S", 3) for st in strategies for p in st.in_specs[0])
+    assert {("S", 0), ("S", 2)} <= {p for st in strategies for p in st.in_specs[0]}  # split, not gathered
+    check_op(strategies, [x], [z], lambda st, p: [jax.lax.complex(p[..., 0], p[..., 1])])
+    zc = z.astype(np.complex64)
+    strategies, _ = node_strategies("aten.view_as_real.default", [zc], (None,), [x.shape])
+    assert all(p != ("S", 3) for st in strategies for p in st.out_specs[0])
+    assert {("S", 0), ("S", 2)} <= {p for st in strategies for p in st.in_specs[0]}
+    check_op(strategies, [zc], [x], lambda st, p: [jnp.stack([p.real, p.imag], -1)])

@@ -2,7 +2,9 @@
 
 Each (model, mode) runs :data:`STEPS` AdamW steps from the same seeded weights and
 batches as torch CPU eager (the oracle), compares the losses (rtol 1e-3) and asserts
-that no program compiles after the warm-up steps. Models and modes:
+that no program compiles after the warm-up steps; under AUTO, the plan must shard the batch
+or some parameter (issue 26: never "replicate everything" where data parallelism is
+feasible) and leave no op without a sharding rule. Models and modes:
 ``benchmarks/models/zoo.py`` and ``benchmarks/models/zoo_train.py``. With
 ``XLA_DTENSOR_MATRIX_JSON=path`` set, every outcome is written there (the source of
 ``docs/models.md``: ``python benchmarks/models_matrix.py``).
@@ -44,3 +46,12 @@ def test_trains_like_torch_cpu(name: str, mode: str, matrix_record) -> None:
     assert all(math.isfinite(x) for x in res.losses), res.losses
     torch.testing.assert_close(torch.tensor(res.losses), torch.tensor(ref), rtol=1e-3, atol=0)
     assert res.compiles_after_warmup == 0, f"{res.compiles_after_warmup} compiles after step {2}"
+    if mode.startswith("auto"):
+        _assert_plan_parallelizes(res.info["plan"])
+
+
+def _assert_plan_parallelizes(plan: dict) -> None:
+    """Issue 26's plan-quality bar: every op has a rule, and with data parallelism feasible on a
+    multi-device mesh the plan shards the batch or some parameter (the guard's report otherwise)."""
+    assert plan["unknown_ops"] == [], f"ops without a sharding rule (run whole, inputs gathered): {plan['unknown_ops']}"
+    assert not (plan["all_replicated"] and plan["dp_feasible"]), f"AUTO replicates everything: {plan['guard']}"
