@@ -9,8 +9,8 @@ Import order: torch's autograd engine sizes its per-device ready queues once, at
 first ``backward()`` of the process. If one ran before this registration the engine has
 no queue for the ``jax`` device; :func:`check_autograd_engine` finds that out at import
 and sends the importing thread's backward through the caller's queue instead
-(``torch.autograd.set_multithreading_enabled(False)``, torch's documented switch), with an
-:class:`AutogradEngineWarning` saying what other threads need.
+(``torch.autograd.set_multithreading_enabled(False)``, torch's documented switch; any
+other thread gets it at its first op on the device), with an :class:`AutogradEngineWarning`.
 
 Example:
     >>> import torch, xla_dtensor
@@ -26,6 +26,7 @@ import torch
 
 DEVICE_NAME = "jax"
 _registered = False
+NO_QUEUE = [False]  # the engine has no queue for the device: each thread's first op switches it (core.threads)
 
 
 class DeviceRegistrationError(RuntimeError):
@@ -195,11 +196,13 @@ def check_autograd_engine() -> bool:
         raise DeviceRegistrationError(
             "a backward() ran before `import xla_dtensor`, so torch's autograd engine has no "
             f"queue for the {DEVICE_NAME!r} device; import xla_dtensor before the first backward")
+    NO_QUEUE[0] = True
     warnings.warn(
         "a backward() ran before `import xla_dtensor`: torch's autograd engine sized its "
         f"per-device queues without the {DEVICE_NAME!r} device. Backward on the device now runs "
-        "on this thread itself (torch.autograd.set_multithreading_enabled(False) here). In any "
-        "other thread wrap backward in `with torch.autograd.set_multithreading_enabled(False):`; "
+        "on the thread that calls it (torch.autograd.set_multithreading_enabled(False), set here, "
+        "and in any other thread at its first op on the device). A thread whose first device op is "
+        "backward() itself must wrap it in `with torch.autograd.set_multithreading_enabled(False):`; "
         "or import xla_dtensor before the first backward of the process",
         AutogradEngineWarning, stacklevel=2)
     return False

@@ -32,6 +32,9 @@ KEEP_PENDING: list[Callable[[Storage], bool]] = []  # materialize() leaves such 
 # NOTE: set while xla_dtensor.compile records a function: work on device data must become graph
 # nodes then (a layout change done at once would be baked into the program as a constant).
 CAPTURING = [False]
+# NOTE: while capturing, in order: ("read", value before, value after) per host read of a device value,
+# ("host", leaf) per device leaf made from host data; jit.capture tells constant reads from data-dependent ones.
+CAPTURE_LOG: list[tuple] = []
 # dead inputs (e.g. a step's batch) are donated too; XLA just cannot reuse some of them
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -292,11 +295,17 @@ def sync(wait: bool = False, *, pre_hooks: bool = True, all_threads: bool = Fals
 
 def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any], int | None]:
     """:func:`sync` under the lock: (the pending storages' arrays, the index checks run, their
-    arrays, the thread synced for: ``None`` for all)."""
+    arrays, the thread whose index checks they are: ``None`` while one thread uses the device).
+
+    NOTE: ``all_threads`` computes every thread's pending values but only the caller's index
+    checks: another thread's stay pending (their leaves are not donated), so each thread's
+    out-of-range index is raised in that thread, also when ``compile`` syncs every thread.
+    """
     pending: list[Storage] = []
     foreign: list[Node] = []  # other threads' pending values: their leaves are not donated
     held: set[int] = set()
-    me = None if all_threads or not threads.MULTI[0] else threads.me()
+    owner = threads.me() if threads.MULTI[0] else None
+    me = None if all_threads else owner
     running: set[int] | None = None
     for s in live():
         v = s.value
@@ -311,9 +320,9 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
                 foreign.append(v)
             else:  # its thread has finished: anyone's sync computes it
                 pending.append(s)
-    checks, check_roots = index_checks.take(me) if index_checks.PENDING else ([], [])
+    checks, check_roots = index_checks.take(owner) if index_checks.PENDING else ([], [])
     if not pending and not checks:
-        return [], [], [], me
+        return [], [], [], owner
     pending.sort(key=_seq)
     for hook in PRE_SYNC if pre_hooks else ():
         hook(pending)
@@ -328,7 +337,7 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
         s.version += 1
     for hook in POST_SYNC:
         hook(pending)
-    return arrays[:len(pending)], checks, arrays[len(pending):], me
+    return arrays[:len(pending)], checks, arrays[len(pending):], owner
 
 
 def _seq(s: Storage) -> int:
@@ -402,7 +411,10 @@ def to_cpu(t: LazyTensor) -> torch.Tensor:
     ``t``'s current value if another thread's step consumed the awaited buffer meanwhile.
     """
     with threads.held():
+        read = value_of(t) if CAPTURING[0] else None
         arr, checks, checked, me = _materialize(t)
+        if read is not None:
+            CAPTURE_LOG.append(("read", read, value_of(t)))
         with threads.released():
             _await([arr, *checked])
             index_checks.verify_launched(me)
@@ -424,4 +436,7 @@ def to_device(cpu: torch.Tensor) -> Node:
     c = cpu.detach()
     host = c.float().numpy().astype(jd) if cpu.dtype == torch.bfloat16 else c.resolve_conj().resolve_neg().numpy()
     arr = jax.device_put(np.array(host, copy=True, order="C"))  # NOTE: a copy: CPU JAX may alias numpy memory
-    return data_leaf(arr, tuple(cpu.shape), cpu.dtype)
+    leaf = data_leaf(arr, tuple(cpu.shape), cpu.dtype)
+    if CAPTURING[0]:
+        CAPTURE_LOG.append(("host", leaf))
+    return leaf

@@ -232,23 +232,31 @@ def take(owner: int | None = None) -> tuple[list[Check], list[Node]]:
 def launched(checks: list[Check], arrays: list[Any], owner: int | None = None) -> None:
     """Remember checks a launched program computes, to read at ``owner``'s next barrier."""
     if checks:
-        LAUNCHED.append((owner, checks, arrays))
+        with _threads.LOCK:  # NOTE: callers are outside the lock; verify_launched rewrites the list
+            LAUNCHED.append((owner, checks, arrays))
 
 
 def verify_launched(owner: int | None = None) -> None:
     """Read the checks of programs launched earlier (by ``owner``, by no thread or by a finished
-    one; ``None``: all); raise for the first that failed (each read once)."""
-    running = _threads.alive() if owner is not None and any(o not in (None, owner) for o, _, _ in LAUNCHED) else None
-    mine = [e for e in LAUNCHED if owner is None or e[0] in (None, owner) or (running is not None and e[0] not in running)]
-    if not mine:
-        return
-    ids = {id(e) for e in mine}
-    LAUNCHED[:] = [e for e in LAUNCHED if id(e) not in ids]
+    one; ``None``: all); raise for the first that failed (each read once).
+
+    The list is edited under the core's lock; the reads (a wait for the device) run outside it.
+    """
+    with _threads.LOCK:
+        running = _threads.alive() if owner is not None and any(o not in (None, owner) for o, _, _ in LAUNCHED) \
+            else None
+        mine = [e for e in LAUNCHED if owner is None or e[0] in (None, owner)
+                or (running is not None and e[0] not in running)]
+        if not mine:
+            return
+        ids = {id(e) for e in mine}
+        LAUNCHED[:] = [e for e in LAUNCHED if id(e) not in ids]
     for k, (_, checks, arrays) in enumerate(mine):
         try:
             verify(checks, arrays)
         except Exception:
-            LAUNCHED[:0] = mine[k + 1:]  # the rest stay for the next barrier
+            with _threads.LOCK:
+                LAUNCHED[:0] = mine[k + 1:]  # the rest stay for the next barrier
             raise
 
 

@@ -43,7 +43,9 @@ class Storage:
     def __init__(self, value: Node, meta: tuple) -> None:
         self.value, self.version, self.meta, self.seq = value, 0, meta, next(_SEQ)
         self.donor: int | None = None  # id() of the device-data leaf the first pending write replaced
-        self.owner: int = _OWNER[0] or _me()  # the thread whose sync() computes a pending value
+        # the thread whose sync() computes a pending value
+        # NOTE: not _OWNER[0]: outside the lock, that is another thread's
+        self.owner: int = _me()
 
 
 class LazyTensor(torch.Tensor):
@@ -203,7 +205,7 @@ def write(t: LazyTensor, value: Node) -> None:
     s = t._storage
     if s.value.fn is None:
         s.donor = id(s.value)  # NOTE: an id, not the node: a reference would keep a non-donated buffer alive
-    s.owner = _OWNER[0] or _me()
+    s.owner = _me()
     if t._chain:
         from xla_dtensor.core.views import scatter_into
         s.value = scatter_into(s.value, s.meta, t._chain, value)

@@ -33,6 +33,8 @@ import contextlib
 import threading
 from typing import Any, Callable, Iterator
 
+import torch
+
 from xla_dtensor.core.ir import Node
 
 LOCK = threading.RLock()
@@ -63,6 +65,9 @@ def _learn() -> int:
     t.kind = _BORROWED if isinstance(threading.current_thread(), threading._DummyThread) else _USER
     if t.kind == _USER:
         MODES.pop(t.ident, None)  # a finished thread's (Python reuses idents): a new thread starts lazy
+        from xla_dtensor.core.device import NO_QUEUE
+        if NO_QUEUE[0]:  # a backward ran before the device existed: backward on this thread (core.device)
+            torch._C._set_multithreading_enabled(False)
         if not _FIRST[0]:
             _FIRST[0] = t.ident
         elif _FIRST[0] != t.ident:

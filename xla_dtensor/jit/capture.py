@@ -26,8 +26,9 @@ it sets those ``fn`` created or replaced (``grads``) and clears those ``fn`` set
 (``cleared``: ``zero_grad()`` inside).
 
 NOTE: constants are exact only if ``fn`` has no data-dependent Python; a capture
-that read device values on the host (``host_reads``) or a freed input (``freed``) is
-never replayed.
+that read device values derived from its inputs on the host (``host_reads``; reads of
+values computed from constants alone are replayable, :mod:`xla_dtensor.jit.host_reads`)
+or a freed input (``freed``) is never replayed.
 """
 from __future__ import annotations
 
@@ -41,13 +42,13 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from xla_dtensor import metrics
 from xla_dtensor.core import executor
 from xla_dtensor.core import ir_args as A
 from xla_dtensor.core import tensor as T
 from xla_dtensor.core.ir import DATA, GETITEM, PARAM, Node
 from xla_dtensor.core.signature import op_info
 from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
+from xla_dtensor.jit import host_reads as HR
 from xla_dtensor.jit import layouts, padded
 from xla_dtensor.jit.args import chain_key
 from xla_dtensor.jit.names import leaf_names, tensor_names
@@ -73,7 +74,8 @@ class Capture:
     donate: tuple[int, ...]
     state_leaf: list[int]       # per mutated storage, the leaf index of its value before the call (-1: not a leaf)
     escaped: int = 0            # new tensors kept alive outside the outputs (state created on this call)
-    host_reads: int = 0         # device values read on the host while tracing
+    host_reads: int = 0         # device values derived from the call's inputs read on the host while tracing
+    const_reads: int = 0        # device values computed from constants alone read on the host (replayable)
     freed: list = field(default_factory=list)  # shapes of the inputs fn freed that no argument reaches
     cleared: list = field(default_factory=list)  # weakrefs of the parameters whose gradient fn set to None
     grad_present: list = field(default_factory=list)  # (weakref to parameter, had a gradient) per parameter
@@ -167,13 +169,17 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     start = next(T._SEQ)
     params = _params(flat)
     grad_at, grad_before = _grads_at_start(params)
-    host0 = metrics._COUNTS["transfers_to_host"]
     capturing, executor.CAPTURING[0] = executor.CAPTURING[0], True
+    outer = executor.CAPTURE_LOG[:]
+    executor.CAPTURE_LOG.clear()
     try:
         out = fn(*args, **kwargs)
     finally:
         executor.CAPTURING[0] = capturing
-    host_reads = metrics._COUNTS["transfers_to_host"] - host0
+        log = executor.CAPTURE_LOG[:]
+        executor.CAPTURE_LOG[:] = outer
+    host_reads, const_reads = HR.classify(log, _cpu_args(flat))
+    del log
     out_leaves, out_spec = pytree.tree_flatten(out)
     out_storages = {id(t._storage) for t in out_leaves if isinstance(t, LazyTensor)}
 
@@ -231,7 +237,7 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     leaf_at = {id(n): i for i, n in enumerate(leaves)}
     state_leaf = [leaf_at.get(id(padded.read_leaf(old)), -1) for old in written_old]
     cap = Capture(roots, leaves, struct, fns, wiring, outs, order_ops, sources, state, grads, out_items,
-                  out_spec, donate, state_leaf, escaped, host_reads)
+                  out_spec, donate, state_leaf, escaped, host_reads, const_reads)
     cap.shardings, cap.res_of, cap.aliases, cap.split_merge = plan.shardings, res_of, aliases, split
     cap.freed = [src[1] for src in sources if src[0] == "freed"]
     cap.cleared = cleared
@@ -344,7 +350,7 @@ def _sources(leaves: list[Node], holders: dict[int, list], held: dict[int, list]
     holding it (read through its parameter: the next call's gradient is a new tensor),
     else its first live holder.
     """
-    hosts = [(k, t) for k, t in enumerate(flat) if isinstance(t, torch.Tensor) and not isinstance(t, LazyTensor)]
+    hosts = _cpu_args(flat)
     out = []
     for n in leaves:
         live, sids = holders.get(id(n)), held.get(id(n), ())
@@ -366,16 +372,15 @@ def _sources(leaves: list[Node], holders: dict[int, list], held: dict[int, list]
     return out
 
 
+def _cpu_args(flat: list) -> list[tuple[int, torch.Tensor]]:
+    return [(k, t) for k, t in enumerate(flat) if isinstance(t, torch.Tensor) and not isinstance(t, LazyTensor)]
+
+
 def _host_source(n: Node, hosts: list) -> tuple:
     data = n.data
     shape = tuple(getattr(data, "shape", ()))
     for k, t in hosts:
-        if tuple(t.shape) == shape and shape and np.array_equal(np.asarray(data), _host_array(t, n.key[2])):
+        if tuple(t.shape) == shape and shape and np.array_equal(np.asarray(data), HR.host_array(t, n.key[2])):
             return ("host", k, n.key[2])
     return ("const", data)
-
-
-def _host_array(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
-    c = t.detach().to(dtype)
-    return c.float().numpy() if dtype == torch.bfloat16 else c.numpy()
 

@@ -113,7 +113,7 @@ class CompiledFunction:
             else:
                 reason = "periodic re-check (config.compile_check_every)"
         elif sig in self._lazy:
-            return self._run_lazily(args, kwargs)
+            return self._run_lazily(sig, flat, args, kwargs)
         elif e is None:
             if self._last_sig is None:
                 reason = "first call"
@@ -133,8 +133,12 @@ class CompiledFunction:
         _mark_clean()
         return out
 
-    def _run_lazily(self, args: tuple, kwargs: dict) -> Any:
+    def _run_lazily(self, sig: tuple, flat: list, args: tuple, kwargs: dict) -> Any:
+        """Run ``fn`` lazily, its equal optimizer scalars shared as when it was traced (the same
+        programs as the traced call's, so a lazy signature compiles nothing after it)."""
         metrics._COUNTS["compile_lazy_calls"] += 1
+        if sig not in self._unshared:
+            share_equal_scalars(flat)
         with torch.autograd.set_multithreading_enabled(False):  # NOTE: backward here: torch's thread waits for the lock
             out = self._fn(*args, **kwargs)
         executor.sync()
@@ -159,9 +163,10 @@ class CompiledFunction:
         metrics._COUNTS["compile_rechecks" if recheck else "compile_traces"] += 1
         if cap.host_reads:
             return self._lazy_from_now(sig, out, DataDependentWarning(
-                f"compile({self._name}): the function read {cap.host_reads} device value(s) on the host while "
-                f"tracing (.item(), .cpu(), print, Python control flow on tensors); its graph may depend on data, "
-                f"so it runs lazily (traced) on every call with this signature"))
+                f"compile({self._name}): the function read {cap.host_reads} device value(s) computed from its "
+                f"inputs (arguments, parameters, state) on the host while tracing (.item(), .cpu(), print, Python "
+                f"control flow on tensors); its graph may depend on data, so it runs lazily (traced) on every call "
+                f"with this signature"))
         if cap.freed:
             shapes = ", ".join(str(list(sh)) for sh in cap.freed[:3]) + (", ..." if len(cap.freed) > 3 else "")
             return self._lazy_from_now(sig, out, FreedInputWarning(

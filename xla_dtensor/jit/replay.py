@@ -15,7 +15,8 @@ from torch.utils import _pytree as pytree
 
 from xla_dtensor import metrics
 from xla_dtensor.core import executor
-from xla_dtensor.jit.capture import Capture, _host_array
+from xla_dtensor.jit.capture import Capture
+from xla_dtensor.jit.host_reads import host_array
 from xla_dtensor.core.ir import DATA, Node, data_leaf
 from xla_dtensor.core.tensor import LazyTensor, new_tensor
 from xla_dtensor.jit import describe
@@ -151,7 +152,7 @@ class Entry:
         for i in self.key_in:
             inputs[i] = next_key()
         for i, k, dtype in self.host_in:
-            inputs[i] = jax.device_put(_host_array(flat[k], dtype))
+            inputs[i] = jax.device_put(host_array(flat[k], dtype))
             metrics._COUNTS["transfers_to_device"] += 1
         for i, refs in self.alias_in:  # storages that shared one value when traced (equal step counters)
             for ref in refs:

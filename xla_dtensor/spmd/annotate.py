@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import jax
 
 from mesh import Mesh, from_torch, get_global_mesh
-from xla_dtensor.core import executor
+from xla_dtensor.core import executor, threads
 from xla_dtensor.core.ir import DATA, data_leaf
 from xla_dtensor.core.tensor import LazyTensor, Storage, value_of
 from xla_dtensor.sharding import HloSharding, ShardingSpec
@@ -98,6 +98,7 @@ def _require_lazy(t: Any, what: str) -> LazyTensor:
     return t
 
 
+@threads.locked  # NOTE: rebinds a storage another thread's sync() may be reading
 def apply_spec(t: LazyTensor, spec: ShardingSpec) -> None:
     """Lay ``t`` out as ``spec`` in place (see the module doc). ``spec`` must be valid for ``t``."""
     shape, dtype = t._meta[0], t._meta[1]

@@ -148,7 +148,9 @@ def _install_input_fn(module: nn.Module, fn: Callable[..., Any], mesh: Any) -> N
 
 
 def _install_output_fn(module: nn.Module, fn: Callable[..., Any], mesh: Any) -> None:
-    if _n_params(fn) == 2:
+    if getattr(fn, "takes_inputs", False):  # a translated style output (styles.translate)
+        module.register_forward_hook(lambda mod, inputs, outputs: fn(mod, outputs, mesh, inputs))
+    elif _n_params(fn) == 2:
         warnings.warn("a 2-argument output_fn(outputs, device_mesh) is deprecated; take "
                       "(module, outputs, device_mesh)", DeprecationWarning, stacklevel=3)
         module.register_forward_hook(lambda mod, inputs, outputs: fn(outputs, mesh))

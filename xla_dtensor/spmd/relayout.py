@@ -111,6 +111,21 @@ class Relayout(torch.autograd.Function):
         return _constrain_grad(grad, ctx.grad_spec), None, None
 
 
+class Recompute(torch.autograd.Function):
+    """``x`` whose value is ``value``: the same value computed another way (say a row-split
+    product as a local product and a reduce-scatter), already laid out. Autograd keeps
+    ``x``'s history; the gradient is laid out as ``grad_spec``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: LazyTensor, value: Any, grad_spec: ShardingSpec | None) -> LazyTensor:  # noqa: ANN401
+        ctx.grad_spec = grad_spec
+        return new_tensor(x._meta, value)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None, None]:
+        return _constrain_grad(grad, ctx.grad_spec), None, None
+
+
 class Alias(torch.autograd.Function):
     """A plain :class:`LazyTensor` sharing ``x``'s storage (in-place writes reach both);
     the gradient is laid out as ``grad_spec``."""

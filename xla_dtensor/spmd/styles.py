@@ -18,8 +18,13 @@ torch would make from the layout torch knows the linear produces:
 * ``ColwiseParallel``: the output is ``Shard(-1)``; it is laid out as ``output_layouts``
   and its gradient as ``Shard(-1)``;
 * ``RowwiseParallel``: the output is ``Partial()``, a pending reduction; laying it out as
-  ``Replicate()`` makes XLA all-reduce, as ``Shard(1)`` (sequence parallel)
-  reduce-scatter; its gradient is replicated (all-gathered from ``Shard(1)``).
+  ``Replicate()`` makes XLA all-reduce; as ``Shard(d)`` (sequence parallel) the value is
+  computed as a local product and an explicit reduce-scatter
+  (:mod:`xla_dtensor.spmd.reduce_scatter`; a constraint where that does not apply); its
+  gradient is replicated (all-gathered from ``Shard(d)``).
+
+The replacement reads the module's inputs as well (``takes_inputs``: ``distribute_module``
+passes them).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from typing import Any, Callable
 from xla_dtensor.core.tensor import LazyTensor
 from xla_dtensor.sharding import ShardingSpec
 from xla_dtensor.spmd import annotate as A
+from xla_dtensor.spmd import reduce_scatter as RS
 from xla_dtensor.spmd import relayout as R
 from xla_dtensor.spmd.sharded_tensor import XLAShardedTensor
 
@@ -44,17 +50,32 @@ def translate(fn: Callable[..., Any]) -> Callable[..., Any]:
     if source is None:
         return fn
     layouts, use_local = fn.args
-    return lambda mod, outputs, mesh: _output(outputs, mesh, source, layouts, use_local)
+
+    def output_fn(mod: Any, outputs: Any, mesh: Any, inputs: tuple = ()) -> Any:
+        return _output(mod, inputs, outputs, mesh, source, layouts, use_local)
+    output_fn.takes_inputs = True  # type: ignore[attr-defined]
+    return output_fn
 
 
-def _output(outputs: Any, mesh: Any, source: Any, layouts: Any, use_local: bool) -> Any:
+def _output(mod: Any, inputs: tuple, outputs: Any, mesh: Any, source: Any, layouts: Any, use_local: bool) -> Any:
     if not isinstance(outputs, LazyTensor):
         return outputs
     m = A.as_mesh(mesh)
     src = ShardingSpec.from_placements(m, [source], outputs.dim())
     dst = ShardingSpec.from_placements(m, _as_list(layouts), outputs.dim())
-    out = XLAShardedTensor.wrap(R.Relayout.apply(outputs, dst, src.reduced()))._record(dst, mesh)
+    value = _scattered(mod, inputs, outputs, mesh, source, _as_list(layouts))
+    moved = R.Relayout.apply(outputs, dst, src.reduced()) if value is None else \
+        R.Recompute.apply(outputs, value, src.reduced())
+    out = XLAShardedTensor.wrap(moved)._record(dst, mesh)
     return out.to_local() if use_local else out
+
+
+def _scattered(mod: Any, inputs: tuple, outputs: LazyTensor, mesh: Any, source: Any, layouts: list[Any]) -> Any:
+    """A partial-sum output laid out ``Shard(d)``, as a local product and a reduce-scatter (or ``None``)."""
+    from torch.distributed.tensor import Partial, Shard
+    if not isinstance(source, Partial) or len(layouts) != 1 or type(layouts[0]) is not Shard:
+        return None
+    return RS.scattered_value(mod, inputs, tuple(outputs.shape), layouts[0].dim, mesh)
 
 
 def constrain_activation(x: LazyTensor, mesh: Any, placements: Any) -> LazyTensor:

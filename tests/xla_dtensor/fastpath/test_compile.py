@@ -170,6 +170,62 @@ def test_host_read_inside_runs_lazily_with_warning(dev):
         assert f(-torch.ones(2, device=dev)).tolist() == [-3.0, -3.0]
 
 
+class _Branchy(torch.nn.Module):
+    """A linear layer whose forward branches on a value read on the host: computed from ``arange``
+    alone (HF's packed-sequence check on its position ids), or from its own weight."""
+
+    def __init__(self, on_weight: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin, self.on_weight = torch.nn.Linear(4, 4), on_weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(x.shape[0], device=x.device)
+        packed = (torch.diff(pos, prepend=pos[:1] - 1) != 1).cumsum(-1)
+        flag = self.lin.weight.sum() < 100 if self.on_weight else (packed[-1] == 0).all()
+        return self.lin(x).pow(2).mean() if flag else self.lin(x).mean()
+
+
+def _one_input_step(model, opt, x):
+    loss = model(x)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+@pytest.mark.parametrize("on_weight", [False, True], ids=["constant-read-replays", "weight-read-lazy-steady"])
+def test_host_read_of_a_constant_replays_and_a_data_read_is_steady_lazily(dev, on_weight):
+    bs = [torch.randn(6, 4, generator=torch.Generator().manual_seed(i)) for i in range(5)]
+    cpu = _Branchy(on_weight)
+    cpu_opt = adamw(cpu.parameters())
+    ref = [_one_input_step(cpu, cpu_opt, x).item() for x in bs]
+    m = _Branchy(on_weight).to(dev)
+    opt = adamw(m.parameters())
+    step = xla_dtensor.compile(_one_input_step)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = [step(m, opt, x.to(dev)).item() for x in bs[:2]]
+        before = metrics.snapshot()
+        got += [step(m, opt, x.to(dev)).item() for x in bs[2:]]
+    d = metrics.diff(before)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-5, atol=0)
+    warned = [w for w in caught if issubclass(w.category, DataDependentWarning)]
+    assert d["compiles"] == 0, d  # the lazy fallback runs the traced call's programs (its shared step counts)
+    if on_weight:
+        assert warned and d["compile_lazy_calls"] == 3, (d, warned)
+    else:
+        assert not warned and d["compile_replays"] == 3, (d, [str(w.message) for w in warned])
+
+
+def test_host_read_of_a_cpu_argument_is_data_dependent(dev):
+    f = xla_dtensor.compile(lambda x, c: x * 2 if c.to(x.device).sum().item() > 0 else x * 3)
+    x = torch.ones(2, device=dev)
+    with pytest.warns(DataDependentWarning, match="computed from its inputs"):
+        assert f(x, torch.ones(3)).tolist() == [2.0, 2.0]
+    assert f(x, -torch.ones(3)).tolist() == [3.0, 3.0]
+
+
 def test_random_ops_draw_fresh_keys_on_replay(dev):
     f = xla_dtensor.compile(lambda x: x + torch.rand(4, device=x.device))
     x = torch.zeros(4, device=dev)

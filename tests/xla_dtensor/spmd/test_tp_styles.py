@@ -95,20 +95,21 @@ def _seq_all_gathers(cols, b):
 
 
 def _reduce_scatters(cols, b, tp):
-    """A reduce-scatter, or what XLA's CPU partitioner writes for one (it emits no reduce-scatter):
-    an all-reduce of a (batch*seq, dim) row-split output consumed as this device's sequence shard."""
-    shard = (b, T // tp, CFG.dim)
-    return [c for c in cols if c.kind == "reduce-scatter" or
-            (c.kind == "all-reduce" and c.shape == (b * T, CFG.dim) and shard in c.user_shapes)]
+    """Real reduce-scatters of a row-split (batch, seq, dim) output to this device's sequence
+    shard (``b``: the batch on one device)."""
+    return [c for c in cols if c.kind == "reduce-scatter" and c.dims == (1,) and c.shape == (b, T // tp, CFG.dim)]
+
+
+def _sequence_parallel_collectives(cols, b, tp):
+    # forward: the row-split outputs (the embedding, and wo and w2 in every layer) are
+    # reduce-scattered to sequence shards, as torch's DTensor does (not all-reduced and sliced) ...
+    assert len(_reduce_scatters(cols, b, tp)) >= 2 * CFG.n_layers + 1, cols
+    # ... and gathered back before the attention, the MLP and the output projection
+    assert len(_seq_all_gathers(cols, b)) >= 3, cols
 
 
 def test_sequence_parallel_plan_1x8_matches_cpu_and_reduce_scatters(setup):
-    cols = _run(setup, (1, 8), sequence_parallel=True)
-    # forward: the row-split outputs (wo, w2) are reduce-scattered to sequence shards (the
-    # row-split embedding XLA may serve by gathering its table instead) ...
-    assert len(_reduce_scatters(cols, B, 8)) >= 2 * CFG.n_layers, cols
-    # ... and gathered back before the attention, the MLP and the output projection
-    assert len(_seq_all_gathers(cols, B)) >= 3, cols
+    _sequence_parallel_collectives(_run(setup, (1, 8), sequence_parallel=True), B, 8)
 
 
 def test_sequence_parallel_plan_2x4_compiled_step_matches_cpu(setup):
@@ -130,6 +131,8 @@ def test_sequence_parallel_plan_2x4_compiled_step_matches_cpu(setup):
     losses = [step(*(distribute_tensor(t, dm, [Shard(0), Replicate()]) for t in b)).item() for b in batches]
     # the third loss comes from a replay (steps 1 and 2 trace): it must see the third batch
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-3)
+    # the batch stays split over "dp" through the reduce-scatters (2 rows per device)
+    _sequence_parallel_collectives(collectives(xs.last_compiled_hlo()), B // 2, 4)
 
 
 def test_megatron_plan_without_sequence_parallel_2x4_all_reduces(setup):
@@ -209,3 +212,32 @@ def test_loss_parallel_keeps_logits_vocab_sharded_and_matches_cpu():
     torch.testing.assert_close(m.weight.grad.cpu(), head.weight.grad, rtol=1e-4, atol=1e-5)
     # the (32, 64) logits are never gathered: only per-row statistics cross the devices
     assert not [c for c in collectives(hlo) if c.kind == "all-gather" and 64 in c.shape and 32 in c.shape]
+
+
+def test_rowwise_sequence_sharded_outputs_reduce_scatter_with_bias_and_train_like_cpu():
+    """RowwiseParallel(output_layouts=Shard(1)) on a biased linear and an embedding, the batch
+    split on "dp": real reduce-scatters in the forward, values and every gradient as on CPU;
+    a sequence the tp axis does not divide takes the constraint (XLA's collectives), same values."""
+    torch.manual_seed(0)
+    lin, emb = nn.Linear(16, 8), nn.Embedding(16, 8)
+    x, ids, w = torch.randn(4, 8, 16), torch.randint(0, 16, (4, 8)), torch.randn(4, 8, 8)
+    uneven, xr = torch.randn(4, 6, 16), x.clone().requires_grad_()
+    want = lin(xr) * emb(ids)
+    ((want * w).sum() + lin(uneven).square().sum()).backward()
+    dm = init_device_mesh("xla", (2, 4), mesh_dim_names=("dp", "tp"))
+    ml, me = copy.deepcopy(lin), copy.deepcopy(emb)
+    for p in (*ml.parameters(), *me.parameters()):
+        p.grad = None
+    parallelize_module(ml, dm["tp"], RowwiseParallel(output_layouts=Shard(1)))
+    parallelize_module(me, dm["tp"], RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)))
+    put = lambda t: distribute_tensor(t, dm, [Shard(0), Replicate()])  # noqa: E731
+    xd = put(x).requires_grad_()
+    out = ml(xd) * me(put(ids))
+    ((out * put(w)).sum() + ml(put(uneven)).square().sum()).backward()
+    xla_dtensor.sync()
+    cols = collectives(xs.last_compiled_hlo())
+    assert len([c for c in cols if c.kind == "reduce-scatter" and c.shape == (2, 2, 8) and c.dims == (1,)]) == 2, cols
+    torch.testing.assert_close(out.detach().cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xd.grad.cpu(), xr.grad, rtol=1e-5, atol=1e-5)
+    for got, want in ((ml.weight, lin.weight), (ml.bias, lin.bias), (me.weight, emb.weight)):
+        torch.testing.assert_close(got.grad.cpu(), want.grad, rtol=1e-4, atol=1e-5)
