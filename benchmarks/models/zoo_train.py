@@ -52,6 +52,8 @@ def unsupported(zm: ZooModel, mode: str) -> str | None:
     if mode not in MODES + ("cpu", "dp"):
         raise ValueError(f"unknown mode {mode!r}; modes: {('cpu', 'dp') + MODES}")
     if mode in ("tp", "tp-sp") and zm.tp_plan is None:
+        if zm.own_tp is not None:
+            return f"{zm.name}: its library's own Megatron plan (with sequence parallelism) is the tp-own column"
         return f"{zm.name} has no Megatron plan (no attention/MLP linears to split)"
     if mode == "tp-sp":
         try:
