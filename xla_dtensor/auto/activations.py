@@ -69,17 +69,11 @@ class ActivationTable:
         if not self.entries:
             self.applied = 0
             return 0
-        entries, seen, hit = self.entries, {}, 0
-        for n in topo_order(roots):
-            if n.fn is None:
-                continue
-            key = n.key
-            k = seen.get(key, 0)
-            seen[key] = k + 1
-            sh = entries.get((key, k))
-            if sh is not None:
-                n.sharding = sh
-                hit += 1
+        order = topo_order(roots)
+        pairs = self._find(order, set(), len(order))
+        for pos, sh in pairs:
+            order[pos].sharding = sh
+        hit = len(pairs)
         self.applied = hit
         return hit
 
