@@ -29,6 +29,10 @@ _CACHE: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 PRE_SYNC: list[Callable[[list[Storage]], None]] = []  # may rewrite pending storages' values
 POST_SYNC: list[Callable[[list[Storage]], None]] = []  # after the storages are rebound
 KEEP_PENDING: list[Callable[[Storage], bool]] = []  # materialize() leaves such a storage's value pending
+# NOTE: while sync() runs PRE_SYNC (DEFERRING[0] set), a hook may queue here node constraints to lay on the
+# graph's walk instead of walking it itself: objects with ``constrain(plan, skip, limit) -> Plan`` (see _deferred).
+DEFERRING = [False]
+DEFERRED: list[Any] = []
 # NOTE: set while xla_dtensor.compile records a function: work on device data must become graph
 # nodes then (a layout change done at once would be baked into the program as a constant).
 CAPTURING = [False]
@@ -268,6 +272,27 @@ def placed_scalars(compiled: Any, key: Any, args: list[Any]) -> list[Any]:
     return args
 
 
+def _deferred(plan: Plan, pending: list[Storage], before: list[Node]) -> Plan:
+    """``plan`` with the ``DEFERRED`` constraints laid on it. Each sees the graph as the hooks found it:
+    ``skip``, the ids of the nodes a hook wrapped around a storage's value (a chain of one-input
+    nodes down to the value before the hooks, e.g. a sticky layout's constraint), and ``limit``,
+    the end of the pending values' part of ``plan.order`` (index checks' roots come after)."""
+    tables = DEFERRED[:]
+    DEFERRED.clear()
+    skip: set[int] = set()
+    for s, old in zip(pending, before):
+        chain, n = [], s.value
+        while n is not old and len(n.inputs) == 1 and len(chain) < 4:
+            chain.append(id(n))
+            n = n.inputs[0]
+        if n is old:
+            skip.update(chain)
+    limit = max(plan.outs[:len(pending)]) + 1
+    for t in tables:
+        plan = t.constrain(plan, skip, limit)
+    return plan
+
+
 def sync(wait: bool = False, *, pre_hooks: bool = True, all_threads: bool = False) -> None:
     """Execute every live pending tensor in one program and rebind them to the results.
 
@@ -324,10 +349,18 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
     if not pending and not checks:
         return [], [], [], owner
     pending.sort(key=_seq)
-    for hook in PRE_SYNC if pre_hooks else ():
-        hook(pending)
+    before = [s.value for s in pending]
+    DEFERRED.clear()
+    DEFERRING[0] = True
+    try:
+        for hook in PRE_SYNC if pre_hooks else ():
+            hook(pending)
+    finally:
+        DEFERRING[0] = False
     roots = [s.value for s in pending] + check_roots
     plan = _plan(roots)  # NOTE: one walk of the graph, shared with execute (a second one cost ~10% of a sync)
+    if DEFERRED:
+        plan = _deferred(plan, pending, before)
     if foreign or index_checks.PENDING:
         held |= threads.reached_leaves(foreign + [c.node for c in index_checks.PENDING])
     donate = {id(n) for n in plan.leaves if n.op == DATA and id(n) not in held and isinstance(n.data, jax.Array)}

@@ -316,6 +316,9 @@ def _constrain_activations(pending: list[Storage], pend: set[Storage]) -> None:
     roots = None
     for scope in _TABLES:
         if any(isinstance(p, LazyTensor) and p._storage in pend for _, p in scope.named_params()):
+            if executor.DEFERRING[0]:  # sync() lays the table on its own walk of the graph
+                executor.DEFERRED.append(scope.table)
+                continue
             roots = roots if roots is not None else [s.value for s in pending]
             scope.table.apply(roots)
 

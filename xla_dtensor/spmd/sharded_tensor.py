@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from mesh import Mesh
+from xla_dtensor.core.tensor import OUT as _OUT
 from xla_dtensor.core.tensor import LazyTensor, value_of
 from xla_dtensor.sharding import ShardingSpec, shard_indices
 from xla_dtensor.spmd import annotate as A
@@ -66,7 +67,13 @@ class XLAShardedTensor(LazyTensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
         from xla_dtensor.core.dispatch import dispatch
-        return _rewrap(dispatch(func, args, kwargs or {}))
+        out = _OUT
+        prev, out.cls = out.cls, XLAShardedTensor  # new results are made sharded tensors at once
+        try:
+            res = dispatch(func, args, kwargs or {})
+        finally:
+            out.cls = prev
+        return _rewrap(res)  # what is still plain: a plain input returned (in-place ops)
 
     @staticmethod
     def wrap(t: LazyTensor) -> XLAShardedTensor:
