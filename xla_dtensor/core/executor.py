@@ -327,24 +327,15 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
     out-of-range index is raised in that thread, also when ``compile`` syncs every thread.
     """
     pending: list[Storage] = []
-    foreign: list[Node] = []  # other threads' pending values: their leaves are not donated
     held: set[int] = set()
     owner = threads.me() if threads.MULTI[0] else None
-    me = None if all_threads else owner
-    running: set[int] | None = None
     for s in live():
-        v = s.value
-        if v.fn is None:
-            held.add(id(v))
-        elif me is None or s.owner == me or not s.owner:
-            pending.append(s)
+        if s.value.fn is None:
+            held.add(id(s.value))
         else:
-            if running is None:
-                running = threads.alive()
-            if s.owner in running:
-                foreign.append(v)
-            else:  # its thread has finished: anyone's sync computes it
-                pending.append(s)
+            pending.append(s)
+    pending, others = threads.split(pending, _owner, None if all_threads else owner)
+    foreign: list[Node] = [s.value for s in others]  # other threads' pending values: their leaves are not donated
     checks, check_roots = index_checks.take(owner) if index_checks.PENDING else ([], [])
     if not pending and not checks:
         return [], [], [], owner
@@ -375,6 +366,10 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
 
 def _seq(s: Storage) -> int:
     return s.seq
+
+
+def _owner(s: Storage) -> int:
+    return s.owner
 
 
 def _await(arrays: list[Any]) -> None:

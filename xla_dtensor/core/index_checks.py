@@ -203,6 +203,14 @@ def install() -> None:
             SPECIAL[op] = handler
 
 
+def _owner(c: Check) -> int:
+    return c.owner
+
+
+def _first(entry: tuple) -> Any:
+    return entry[0]
+
+
 def _stack(*checks: Any) -> Any:
     return jnp.stack(checks)
 
@@ -216,12 +224,8 @@ def take(owner: int | None = None) -> tuple[list[Check], list[Node]]:
     """
     if not PENDING:
         return [], []
-    others = [] if owner is None else [c for c in PENDING if c.owner not in (owner, 0)]
-    if others:
-        running = _threads.alive()
-        others = [c for c in others if c.owner in running]
-    kept = {id(c) for c in others}
-    checks = runnable([c for c in PENDING if id(c) not in kept])
+    mine, others = _threads.split(PENDING, _owner, owner)
+    checks = runnable(mine)
     PENDING[:] = others
     if not checks:
         return [], []
@@ -243,14 +247,9 @@ def verify_launched(owner: int | None = None) -> None:
     The list is edited under the core's lock; the reads (a wait for the device) run outside it.
     """
     with _threads.LOCK:
-        running = _threads.alive() if owner is not None and any(o not in (None, owner) for o, _, _ in LAUNCHED) \
-            else None
-        mine = [e for e in LAUNCHED if owner is None or e[0] in (None, owner)
-                or (running is not None and e[0] not in running)]
+        mine, LAUNCHED[:] = _threads.split(LAUNCHED, _first, owner)
         if not mine:
             return
-        ids = {id(e) for e in mine}
-        LAUNCHED[:] = [e for e in LAUNCHED if id(e) not in ids]
     for k, (_, checks, arrays) in enumerate(mine):
         try:
             verify(checks, arrays)

@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 
 from xla_dtensor.core.ir import Node
+
+T = TypeVar("T")
 
 LOCK = threading.RLock()
 # NOTE: set only by the lock holder, reset before it releases: non-zero means "this thread is
@@ -174,9 +176,23 @@ def alive() -> set[int]:
     return {t.ident for t in threading.enumerate() if t.ident is not None}
 
 
-def mine(owner: int, me_: int, live: set[int] | None) -> bool:
-    """Whether a storage owned by ``owner`` is synced by thread ``me_`` (``live``: :func:`alive`)."""
-    return owner == me_ or not owner or (live is not None and owner not in live)
+def split(items: list[T], owner: Callable[[T], int | None], me: int | None) -> tuple[list[T], list[T]]:
+    """``items`` as (those thread ``me`` handles, those of other running threads), order kept.
+
+    Thread ``me`` handles its own, those of no thread (owner 0 or ``None``) and those of a
+    thread that has finished; ``me=None``: all of them. :func:`alive` is asked only when
+    another thread owns one.
+    """
+    if me is None:
+        return list(items), []
+    foreign = [x for x in items if owner(x) and owner(x) != me]
+    if foreign:
+        running = alive()
+        foreign = [x for x in foreign if owner(x) in running]
+    if not foreign:
+        return list(items), []
+    ids = {id(x) for x in foreign}
+    return [x for x in items if id(x) not in ids], foreign
 
 
 def reached_leaves(roots: list[Node]) -> set[int]:
