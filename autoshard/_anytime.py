@@ -70,47 +70,101 @@ def _fixed_problem(cp: Compact, dual: Dual, incumbent: float) -> Compact | None:
 
 def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             log: Callable[[str], None] | None = None, exact_entries: int = 150_000,
-            bound_share: float = 0.15, every: float = 5.0) -> AnytimeResult:
-    """Improve ``x0`` (a compact plan that fits memory) and bound the optimum."""
+            bound_share: float = 0.15, every: float = 5.0, workers: int = 1,
+            restart_after: float | None = None, chunk: float | None = None,
+            max_budget: int = 200_000,
+            report: Callable[[float, np.ndarray, float], None] | None = None) -> AnytimeResult:
+    """Improve ``x0`` (a compact plan that fits memory) and bound the optimum.
+
+    The search runs in chunks of at most 20 s, each continuing the current *run* from
+    its best plan; a run that has not improved for ``restart_after`` seconds (default a
+    tenth of the limit, at least 15 s) ends, and the next one starts again from ``x0``
+    with new random choices (the best plan overall is kept). IOPDDL V: runs from the
+    same start end in a few distinct local optima, and more runs reach the better ones.
+    ``workers - 1`` more independent searches run in subprocesses
+    (:class:`autoshard._portfolio.Portfolio`, seeds ``seed + 1009 * i``); the result is
+    the best plan and the highest bound of all. ``report(objective, x, bound)`` is called
+    at every improvement and bound change (the workers' channel back). ``chunk`` and
+    ``max_budget`` (largest LNS sub-problem) are for tests; ``stats["run_ends"]`` lists
+    the best objective of every run that ended.
+    """
     t0 = time.perf_counter()
     deadline = t0 + time_limit
+    peers = None
+    if workers > 1 and time_limit > 5.0:
+        from autoshard._portfolio import Portfolio
+        peers = Portfolio(cp, x0, time_limit - 0.5, [seed + 1009 * i for i in range(1, workers)])
     sp = Space(cp)
     dual = Dual(sp)
     best_x, best = x0.copy(), objective(cp, x0)
     trace, btrace = [(0.0, best)], []
-    stats: dict = dict(search={}, dual_sweeps=0, fixings=0)
-    chunk = max(10.0, 0.12 * time_limit)
+    stats: dict = dict(search={}, dual_sweeps=0, fixings=0, runs=1, peer_best=0, run_ends=[])
+    chunk = min(max(10.0, 0.12 * time_limit), 20.0) if chunk is None else chunk
+    restart_after = max(15.0, 0.1 * time_limit) if restart_after is None else restart_after
     optimal, last_fix_bound = False, -math.inf
+    run_x, run_obj, run_gain, budget, chunks = best_x, best, t0, 3000, 0
+    peer_bound = -math.inf
 
     def bound_now() -> float:
-        return dual.best
+        return max(dual.best, peer_bound)
+
+    def tell() -> None:
+        if report is not None:
+            report(best, best_x, bound_now())
+
+    def from_peers() -> None:
+        nonlocal best_x, best, peer_bound
+        if peers is None:
+            return
+        obj, x, b = peers.best()
+        peer_bound = max(peer_bound, b)
+        if x is not None and obj < best:
+            best_x, best = x, obj
+            trace.append((time.perf_counter() - t0, best))
+            stats["peer_best"] += 1
 
     dual.run(min(0.03 * time_limit, 10.0), best)  # first bound and ranking for the kernel moves
     btrace.append((time.perf_counter() - t0, dual.best))
+    tell()
     while time.perf_counter() < deadline - 0.05 and not optimal:
         left = deadline - time.perf_counter()
-        res = search(cp, best_x, min(chunk, left), seed=seed + len(trace), log=log,
-                     bound=bound_now, every=every, sp=sp,
+        chunks += 1
+        res = search(cp, run_x, min(chunk, left), seed=seed + 7919 * chunks, log=log,
+                     bound=bound_now, every=every, sp=sp, budget=min(budget, max_budget),
+                     max_budget=max_budget,
                      theta=lambda: dual.theta_at_best() if dual.snap is not None else None,
-                     stop_at=dual.best + 1e-9 * max(abs(best), 1.0))
+                     stop_at=bound_now() + 1e-9 * max(abs(best), 1.0))
         for k, v in res.stats.items():
-            if isinstance(v, (int, float)):
+            if isinstance(v, (int, float)) and k != "budget":
                 stats["search"][k] = stats["search"].get(k, 0) + v
+        budget = res.stats["budget"]
         base = time.perf_counter() - t0 - res.stats.get("seconds", 0.0)
         for t, obj in res.trace[1:]:
             if obj < best:
                 trace.append((base + t, obj))
+        if res.objective < run_obj:
+            run_x, run_obj, run_gain = res.x, res.objective, time.perf_counter()
         if res.objective < best:
             best_x, best = res.x, res.objective
+            tell()
         if res.stats.get("exhausted"):  # an exact sub-solve covered the whole problem
             optimal = True
             break
+        from_peers()
+        if time.perf_counter() - run_gain > restart_after and deadline - time.perf_counter() > restart_after:
+            stats["runs"] += 1
+            stats["run_ends"].append(run_obj)
+            if log:
+                log(f"run {stats['runs'] - 1} ended at {run_obj:.10g} (no gain for "
+                    f"{time.perf_counter() - run_gain:.0f}s): new run from the start plan")
+            run_x, run_obj, run_gain, budget = x0.copy(), objective(cp, x0), time.perf_counter(), 3000
         left = deadline - time.perf_counter()
         if left <= 0.05:
             break
         b = dual.run(min(left, chunk * bound_share / (1 - bound_share)), best)
         btrace.append((time.perf_counter() - t0, b))
-        if b >= best - 1e-9 * max(abs(best), 1.0):
+        tell()
+        if bound_now() >= best - 1e-9 * max(abs(best), 1.0):
             optimal = True
             break
         if b > last_fix_bound:
@@ -136,6 +190,13 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
                     optimal = True
                     btrace.append((time.perf_counter() - t0, best))
                 break
+    if peers is not None:
+        peers.close(wait=0.0 if optimal else deadline - time.perf_counter())
+        from_peers()
+        stats["peer_errors"] = peers.errors
     stats["dual_sweeps"] = dual.sweeps
-    bound = best if optimal else dual.best
+    bound = best if optimal else bound_now()
+    if bound >= best - 1e-9 * max(abs(best), 1.0):
+        optimal, bound = True, best
+    tell()
     return AnytimeResult(best_x, best, bound, optimal, trace, btrace, stats)

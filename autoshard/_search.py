@@ -50,7 +50,8 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     (or the objective reaches ``stop_at``, e.g. a proven bound).
 
     ``theta``: reparametrized costs from the dual (ranking for the kernel moves).
-    ``budget``/``max_budget``: start and cap of the LNS size (variables of a sub-MIP).
+    ``budget``/``max_budget``: start and cap of the LNS size (variables of a sub-MIP);
+    ``stats["budget"]`` is the size it adapted to (the start of a continued search).
     ``stats["exhausted"]``: an exact sub-solve covered every node, the plan is optimal.
     """
     t0 = time.perf_counter()
@@ -152,4 +153,5 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             last_gain = time.perf_counter()
     stats["seconds"] = time.perf_counter() - t0
     stats["sub_failures"] = st.failures
+    stats["budget"] = budget
     return SearchResult(best_x, best_obj, trace, stats)

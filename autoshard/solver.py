@@ -239,7 +239,7 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
                   mip_solver: str = "scip", lp_solver: str = "glop", lp_first: bool = False,
                   rel_gap: float = 1e-9, memory_form: str = "auto", heuristic: bool = True,
                   heuristic_time: float | None = None, lp_max_edge_vars: int = 150_000,
-                  seed: int = 0, progress_every: float = 5.0) -> Solution:
+                  seed: int = 0, progress_every: float = 5.0, workers: int = 1) -> Solution:
     """Find the cheapest plan of ``problem`` within ``time_limit`` seconds.
 
     Args:
@@ -264,6 +264,9 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
             the anytime search instead of the MIP (IOPDDL V and M).
         seed: seed of the search's random choices (same seed, same sequence of moves).
         progress_every: seconds between progress lines.
+        workers: processes for the anytime search of big models (this one and
+            ``workers - 1`` independent searches with other seeds, best plan kept); one
+            per core is the most that helps. The exact MIP path uses one.
 
     Returns:
         A :class:`Solution`; ``FEASIBLE`` and ``TIMEOUT_NO_SOLUTION`` also warn
@@ -285,6 +288,8 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
     _check_choice("mip_solver", mip_solver, ("scip", "highs", "cp_sat"))
     _check_choice("lp_solver", lp_solver, ("glop", "pdlp"))
     _check_choice("memory_form", memory_form, ("auto", "direct", "incremental"))
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     t0 = time.perf_counter()
     log = _Log(verbose, t0)
     left = lambda: time_limit - (time.perf_counter() - t0)  # noqa: E731
@@ -322,7 +327,8 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
         log(f"big model ({stats['compact_entries']} edge entries > lp_max_edge_vars="
             f"{lp_max_edge_vars}): anytime search")
         t_any = time.perf_counter() - t0
-        res = anytime(cp, x0, max(left(), 0.0), seed=seed, log=log, every=progress_every)
+        res = anytime(cp, x0, max(left(), 0.0), seed=seed, log=log, every=progress_every,
+                      workers=workers)
         for t, o in res.trace[:-1]:  # the search's history; its last entry is the plan itself
             if o < inc.cost and (not inc.trace or o < inc.trace[-1][1]):
                 inc.trace.append((t_any + t, o))

@@ -136,3 +136,54 @@ def test_search_handles_forbidden_pairs_and_self_loops(seed: int) -> None:
         pytest.skip("no feasible plan")
     sol = solve_problem(p, time_limit=10, lp_max_edge_vars=0)
     assert sol.objective == pytest.approx(best, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_restarted_runs_keep_the_best_plan_and_an_honest_gap(seed: int) -> None:
+    # LNS of at most 12 variables never covers the problem; a fresh run every 0.3 s chunk
+    from autoshard._anytime import anytime
+    p = tied_problem(400 + seed, n=26, memory="tight")
+    opt = exact_optimum(p)
+    cp = _compact(p)
+    x0 = start_plan(cp, Space(cp))
+    assert x0 is not None
+    res = anytime(cp, x0, 4.0, seed=seed, restart_after=0.0, chunk=0.3, max_budget=12,
+                  exact_entries=0)
+    ends = res.stats["run_ends"]
+    assert res.stats["runs"] >= 3 and len(ends) == res.stats["runs"] - 1
+    assert res.objective <= min(ends, default=math.inf)  # the best run's plan is kept
+    assert res.objective == pytest.approx(objective(cp, res.x), rel=1e-12)
+    assert (usage(cp, res.x) <= cp.limit).all()
+    tol = 1e-9 * max(1.0, abs(opt))
+    assert res.bound <= opt + tol <= res.objective + 2 * tol
+    assert res.objective - opt <= res.objective - res.bound + tol
+
+
+def test_worker_processes_return_plans_that_fit_and_cost_what_they_say() -> None:
+    from autoshard._portfolio import Portfolio
+    p = tied_problem(501, n=30, memory="tight")
+    opt = exact_optimum(p)
+    cp = _compact(p)
+    x0 = start_plan(cp, Space(cp))
+    pf = Portfolio(cp, x0, 6.0, seeds=[3, 4])
+    pf.close(wait=8.0)
+    obj, x, bound = pf.best()
+    assert pf.errors == []
+    assert x is not None and obj == pytest.approx(objective(cp, x), rel=1e-12)
+    assert (usage(cp, x) <= cp.limit).all()
+    tol = 1e-9 * max(1.0, abs(opt))
+    assert bound <= opt + tol <= obj + 2 * tol
+
+
+def test_solve_with_two_workers_is_checked_by_the_evaluator() -> None:
+    p = tied_problem(502, n=30, memory="tight")
+    opt = exact_optimum(p)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SolverTimeoutWarning)
+        sol = solve_problem(p, time_limit=8.0, lp_max_edge_vars=0, workers=2, seed=1)
+    cost, ok, _ = evaluate(p, sol.strategies)
+    assert ok and cost == sol.objective
+    tol = 1e-9 * max(1.0, abs(opt))
+    assert sol.bound <= opt + tol <= sol.objective + 2 * tol
+    with pytest.raises(ValueError, match="workers must be an int >= 1, got 0"):
+        solve_problem(p, workers=0)

@@ -1,0 +1,113 @@
+"""Independent anytime searches in worker processes (one per extra core).
+
+A :class:`Portfolio` starts ``python -m autoshard._portfolio`` once per seed, sends each
+the compact problem, its start plan and a time limit (pickled, on stdin) and reads back
+what the worker finds: a frame per improvement or bound, (objective, plan, bound). The
+workers share nothing while they run; the caller takes the best plan and the highest
+bound (each is a valid bound of the same problem). Subprocesses, not ``multiprocessing``:
+a spawned child would re-import the caller's ``__main__``.
+
+Example::
+
+    pf = Portfolio(cp, x0, 60.0, seeds=[1])   # one more search beside this process's,
+    ...                                        # the caller's own search
+    obj, x, bound = pf.best()                  # (inf, None, -inf) until a worker reports
+    pf.close(wait=5.0)
+"""
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["Portfolio"]
+
+_HEADER = struct.Struct("<Q")
+
+
+def _write(stream, obj) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _read(stream):
+    head = stream.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack(head)
+    data = stream.read(size)
+    return None if len(data) < size else pickle.loads(data)
+
+
+class Portfolio:
+    """Worker searches on ``cp`` from ``x0`` with the given seeds, each ending by
+    ``time_limit`` seconds from now (wall clock; the workers' start-up counts)."""
+
+    def __init__(self, cp, x0: np.ndarray, time_limit: float, seeds: list[int]) -> None:
+        deadline = time.time() + time_limit
+        self._lock = threading.Lock()
+        self._best: tuple[float, np.ndarray | None, float] = (math.inf, None, -math.inf)
+        self.errors: list[str] = []
+        root = str(Path(__file__).resolve().parents[1])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in sys.path if p]))
+        self._procs = []
+        self._threads = []
+        for seed in seeds:
+            proc = subprocess.Popen([sys.executable, "-m", "autoshard._portfolio"], env=env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE)
+            _write(proc.stdin, (cp, x0, deadline, seed))
+            proc.stdin.close()
+            th = threading.Thread(target=self._listen, args=(proc,), daemon=True)
+            th.start()
+            self._procs.append(proc)
+            self._threads.append(th)
+
+    def _listen(self, proc: subprocess.Popen) -> None:
+        while (msg := _read(proc.stdout)) is not None:
+            obj, x, bound = msg
+            with self._lock:
+                b_obj, b_x, b_bound = self._best
+                if obj < b_obj:
+                    b_obj, b_x = obj, x
+                self._best = (b_obj, b_x, max(b_bound, bound))
+        err = proc.stderr.read().decode(errors="replace").strip()
+        if proc.wait() != 0:
+            self.errors.append(err.splitlines()[-1] if err else f"exit status {proc.returncode}")
+
+    def best(self) -> tuple[float, np.ndarray | None, float]:
+        """(objective, plan, bound) of the best worker plan so far and the highest bound."""
+        with self._lock:
+            return self._best
+
+    def close(self, wait: float) -> None:
+        """Wait up to ``wait`` seconds for the workers' last reports, then stop them."""
+        end = time.perf_counter() + max(wait, 0.0)
+        for th in self._threads:
+            th.join(max(end - time.perf_counter(), 0.0))
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _main() -> None:
+    from autoshard._anytime import anytime
+
+    cp, x0, deadline, seed = _read(sys.stdin.buffer)
+    out = sys.stdout.buffer
+    anytime(cp, x0, max(deadline - time.time(), 0.0), seed=seed, bound_share=0.05,
+            report=lambda obj, x, bound: _write(out, (obj, x, bound)))
+
+
+if __name__ == "__main__":
+    _main()
