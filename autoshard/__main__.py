@@ -71,6 +71,8 @@ def _add_iopddl(sub) -> None:  # noqa: ANN001
     p.add_argument("--solver", default="scip", choices=["scip", "highs", "cp_sat"], help="MIP backend" + d)
     p.add_argument("--max-gib", type=positive_float, default=MAX_BYTES / 2**30, metavar="GIB",
                    help="refuse files whose decompressed JSON is larger, a number > 0" + d)
+    p.add_argument("--workers", type=positive_int, default=1,
+                   help="search processes for big instances, one per core helps, >= 1" + d)
     p.add_argument("--quiet", action="store_true", help="no progress output (default: off)")
 
 
@@ -194,7 +196,8 @@ def _iopddl(a) -> int:  # noqa: ANN001
         _cli.fail(f"{PROG} iopddl", str(err), usage_hint=False)
     print(f"read {problem.name}: {problem.num_nodes} nodes, {len(problem.edges)} edges "
           f"in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
-    sol = solve_problem(problem, time_limit=a.time_limit, verbose=not a.quiet, mip_solver=a.solver)
+    sol = solve_problem(problem, time_limit=a.time_limit, verbose=not a.quiet, mip_solver=a.solver,
+                        workers=a.workers)
     cost = feasible = None
     if sol.strategies is not None:
         cost, feasible, _ = evaluate(problem, sol.strategies)

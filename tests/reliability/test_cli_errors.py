@@ -88,6 +88,7 @@ def _cases(tmp: Path) -> list[tuple[str, list[str], str]]:
         (iop, [str(good), "--time-limit", "0"], "'0'"),
         (iop, [str(good), "--solver", "gurobi"], "gurobi"),
         (iop, [str(good), "--max-gib", "-1"], "'-1'"),
+        (iop, [str(good), "--workers", "0"], "'0'"),
         (iop, [str(good), "--max-gib", "1e-7"], "larger than the limit"),
         (iop, [str(tmp / "junk.json")], "not valid JSON"),
         (iop, [str(tmp / "junk.json.gz")], "cannot read"),
