@@ -5,6 +5,8 @@ chunks of :class:`autoshard._lagrange.Dual` (raising the lower bound), so both a
 reported as they improve. Whenever the bound has moved, it fixes what no plan cheaper
 than the incumbent can use (reduced-cost fixing); if what is left is small enough for
 the MIP, the rest of the time goes to solving it exactly, which proves optimality.
+A search run that stalls is replaced by a fresh one from the start plan; more runs can
+go on in worker processes (:mod:`autoshard._portfolio`).
 """
 from __future__ import annotations
 
