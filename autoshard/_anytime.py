@@ -70,6 +70,11 @@ def _fixed_problem(cp: Compact, dual: Dual, incumbent: float) -> Compact | None:
         return replace(cp, n=0)
 
 
+def _proved(bound: float, best: float) -> bool:
+    """The bound reaches the incumbent (relative tolerance 1e-9)."""
+    return bound >= best - 1e-9 * max(abs(best), 1.0)
+
+
 def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             log: Callable[[str], None] | None = None, exact_entries: int = 150_000,
             bound_share: float = 0.15, every: float = 5.0, workers: int = 1,
@@ -98,7 +103,8 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         peers = Portfolio(cp, x0, time_limit - 0.5, [seed + 1009 * i for i in range(1, workers)])
     sp = Space(cp)
     dual = Dual(sp)
-    best_x, best = x0.copy(), objective(cp, x0)
+    start_obj = objective(cp, x0)
+    best_x, best = x0.copy(), start_obj
     trace, btrace = [(0.0, best)], []
     stats: dict = dict(search={}, dual_sweeps=0, fixings=0, runs=1, peer_best=0, run_ends=[])
     chunk = min(max(10.0, 0.12 * time_limit), 20.0) if chunk is None else chunk
@@ -159,14 +165,14 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             if log:
                 log(f"run {stats['runs'] - 1} ended at {run_obj:.10g} (no gain for "
                     f"{time.perf_counter() - run_gain:.0f}s): new run from the start plan")
-            run_x, run_obj, run_gain, budget = x0.copy(), objective(cp, x0), time.perf_counter(), 3000
+            run_x, run_obj, run_gain, budget = x0.copy(), start_obj, time.perf_counter(), 3000
         left = deadline - time.perf_counter()
         if left <= 0.05:
             break
         b = dual.run(min(left, chunk * bound_share / (1 - bound_share)), best)
         btrace.append((time.perf_counter() - t0, b))
         tell()
-        if bound_now() >= best - 1e-9 * max(abs(best), 1.0):
+        if _proved(bound_now(), best):
             optimal = True
             break
         if b > last_fix_bound:
@@ -197,8 +203,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         from_peers()
         stats["peer_errors"] = peers.errors
     stats["dual_sweeps"] = dual.sweeps
+    optimal = optimal or _proved(bound_now(), best)
     bound = best if optimal else bound_now()
-    if bound >= best - 1e-9 * max(abs(best), 1.0):
-        optimal, bound = True, best
     tell()
     return AnytimeResult(best_x, best, bound, optimal, trace, btrace, stats)

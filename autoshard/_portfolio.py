@@ -61,11 +61,12 @@ class Portfolio:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in sys.path if p]))
         self._procs = []
         self._threads = []
+        problem = pickle.dumps((cp, x0, deadline), protocol=pickle.HIGHEST_PROTOCOL)  # once for all
         for seed in seeds:
             proc = subprocess.Popen([sys.executable, "-m", "autoshard._portfolio"], env=env,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE)
-            _write(proc.stdin, (cp, x0, deadline, seed))
+            _write(proc.stdin, (problem, seed))
             proc.stdin.close()
             th = threading.Thread(target=self._listen, args=(proc,), daemon=True)
             th.start()
@@ -103,7 +104,8 @@ class Portfolio:
 def _main() -> None:
     from autoshard._anytime import anytime
 
-    cp, x0, deadline, seed = _read(sys.stdin.buffer)
+    problem, seed = _read(sys.stdin.buffer)
+    cp, x0, deadline = pickle.loads(problem)
     out = sys.stdout.buffer
     anytime(cp, x0, max(deadline - time.time(), 0.0), seed=seed, bound_share=0.05,
             report=lambda obj, x, bound: _write(out, (obj, x, bound)))

@@ -34,6 +34,7 @@ sys.path.insert(0, str(_REPO))
 from autoshard.evaluate import evaluate  # noqa: E402
 from autoshard.iopddl import read_iopddl  # noqa: E402
 from autoshard.solver import solve_problem  # noqa: E402
+from mesh._cli import positive_int  # noqa: E402
 
 # instance: (contest limit s, best published objective, who)
 CONTEST = {
@@ -136,11 +137,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data", default=None)
     ap.add_argument("--out", type=Path, default=_REPO / "benchmarks" / "results")
     ap.add_argument("--verbose", action="store_true", help="solver progress lines")
-    ap.add_argument("--workers", type=int, default=2,
+    ap.add_argument("--workers", type=positive_int, default=2,
                     help="search processes per run (default 2: the contest machine's 2 cores)")
     args = ap.parse_args(argv)
-    if args.workers < 1:
-        sys.exit(f"--workers must be >= 1, got {args.workers}")
     data = _data_dir(args.data)
     if args.runs:
         runs = [(r.split(":")[0].strip(), int(r.split(":")[1])) for r in args.runs.split(",")]
