@@ -23,7 +23,7 @@ from autoshard._contract import contract
 from autoshard._dominance import remove_dominated
 from autoshard._lagrange import Dual
 from autoshard._memory import MemoryRows
-from autoshard._moves import State, kernel_move, merge, node_moves, pair_moves
+from autoshard._moves import State, kernel_descent, merge
 from autoshard._presolve import Reduced
 from autoshard._search import search
 from autoshard._space import Space
@@ -80,9 +80,10 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             log: Callable[[str], None] | None = None, exact_entries: int = 150_000,
             bound_share: float = 0.15, every: float = 5.0, workers: int = 1,
             restart_after: float | None = None, chunk: float | None = None,
-            max_budget: int = 200_000, max_elite: int = 8, hot_share: float = 0.6,
+            max_budget: int = 200_000, max_elite: int = 8, hot_share: float | None = None,
             hot_rate: float = 0.02,
-            report: Callable[[float, np.ndarray, float], None] | None = None) -> AnytimeResult:
+            report: Callable[[float, np.ndarray, float], None] | None = None,
+            inbox: Callable[[], tuple[float, np.ndarray] | None] | None = None) -> AnytimeResult:
     """Improve ``x0`` (a compact plan that fits memory) and bound the optimum.
 
     The search runs in chunks of at most 20 s, each continuing the current *run* from
@@ -110,14 +111,16 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     trace, btrace = [(0.0, best)], []
     stats: dict = dict(search={}, dual_sweeps=0, fixings=0, runs=1, peer_best=0, run_ends=[],
                        merges=0, merge_better=0, hot_kernels=0, hot_kernel_better=0)
-    share = bound_share
+    share, hot_c, hot, polish = bound_share, 2, False, False
+    if hot_share is None:  # workers search: this process can give the dual more
+        hot_share = 0.85 if workers > 1 else 0.6
     elite: list[np.ndarray] = []
     merge_time = max(2.0, 0.05 * time_limit)
     chunk = min(max(10.0, 0.12 * time_limit), 20.0) if chunk is None else chunk
     restart_after = max(15.0, 0.1 * time_limit) if restart_after is None else restart_after
     optimal, last_fix_bound = False, -math.inf
     run_x, run_obj, run_gain, budget, chunks = best_x, best, t0, 3000, 0
-    peer_bound = -math.inf
+    peer_bound, shared = -math.inf, math.inf
 
     def bound_now() -> float:
         return max(dual.best, peer_bound)
@@ -127,7 +130,14 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             report(best, best_x, bound_now())
 
     def from_peers() -> None:
-        nonlocal best_x, best, peer_bound
+        """Take the caller's plan (in a worker) or the workers' (in the caller) if better;
+        send the caller's best to the workers when theirs is worse."""
+        nonlocal best_x, best, peer_bound, run_x, run_obj, run_gain, shared
+        if inbox is not None and (got := inbox()) is not None and got[0] < best:
+            best, best_x = got[0], got[1]
+            run_x, run_obj, run_gain = best_x, best, time.perf_counter()  # the run goes on from it
+            trace.append((time.perf_counter() - t0, best))
+            stats["peer_best"] += 1
         if peers is None:
             return
         obj, x, b = peers.best()
@@ -136,6 +146,9 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             best_x, best = x, obj
             trace.append((time.perf_counter() - t0, best))
             stats["peer_best"] += 1
+        elif best < min(obj, shared):
+            peers.share(best, best_x)
+            shared = best
 
     def merge_elite(x: np.ndarray) -> None:
         """Add ``x`` to the elite plans and re-solve over the union of their strategies."""
@@ -164,7 +177,9 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     while time.perf_counter() < deadline - 0.05 and not optimal:
         left = deadline - time.perf_counter()
         chunks += 1
-        res = search(cp, run_x, min(chunk, left), seed=seed + 7919 * chunks, log=log,
+        dual_len = min(chunk * share / (1 - share), 1.5 * chunk)  # the dual chunk after it
+        search_len = max(2.0, dual_len * (1 - share) / share) if hot and not polish else chunk
+        res = search(cp, run_x, min(search_len, left), seed=seed + 7919 * chunks, log=log,
                      bound=bound_now, every=every, sp=sp, budget=min(budget, max_budget),
                      max_budget=max_budget,
                      theta=lambda: dual.theta_at_best() if dual.snap is not None else None,
@@ -198,7 +213,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         if left <= 0.05:
             break
         b_prev = dual.best
-        b = dual.run(min(left, chunk * share / (1 - share)), best)
+        b = dual.run(min(left, dual_len), best)
         btrace.append((time.perf_counter() - t0, b))
         tell()
         if _proved(bound_now(), best):
@@ -233,21 +248,22 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         share = hot_share if hot else bound_share
         if hot and deadline - time.perf_counter() > 1.0:
             st = State(sp, best_x)
-            better, _, _ = kernel_move(st, dual.theta_at_best(), 2,
-                                       min(chunk, deadline - time.perf_counter() - 0.5),
-                                       seed + 31 * chunks)
+            gains = kernel_descent(st, dual.theta_at_best(), hot_c, deadline, seed + 31 * chunks,
+                                   max_rounds=1, per_round=chunk)
             stats["hot_kernels"] += 1
-            if better:
-                node_moves(st, deadline)
-                pair_moves(st, deadline)
+            hot_c = 2 if gains else min(hot_c + 1, 4)  # nothing new at c: offer more
+            # a kernel that moved the plan by 1% or more gets a full search chunk next
+            polish = st.obj < (1 - 0.01) * best
+            if gains:
                 stats["hot_kernel_better"] += 1
                 best_x, best = st.x, st.obj
                 trace.append((time.perf_counter() - t0, best))
                 tell()
                 if best < run_obj:
                     run_x, run_obj, run_gain = best_x, best, time.perf_counter()
+                from_peers()  # the workers polish it too
                 if log:
-                    log(f"kernel on the dual's costs (bound {b:.10g}): {best:.10g}")
+                    log(f"{gains} kernel(s) on the dual's costs (bound {b:.10g}): {best:.10g}")
     if peers is not None:
         peers.close(wait=0.0 if optimal else deadline - time.perf_counter())
         from_peers()

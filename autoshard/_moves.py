@@ -6,6 +6,7 @@
 - :func:`lns_move`: a node set re-solved exactly by the MIP (optionally over each node's
   best few strategies);
 - :func:`kernel_move`: the whole problem re-solved over each node's best few strategies;
+- :func:`kernel_descent`: kernel moves, each from the plan the last one found;
 - :func:`merge`: the whole problem re-solved over the strategies some elite plan uses.
 
 :class:`State` holds the plan, its cost and its memory profile; ``offer`` accepts a new
@@ -25,7 +26,7 @@ from autoshard._space import RangeMax, Space
 from autoshard._treedp import forest_dp, random_forest
 
 __all__ = ["State", "Prices", "node_moves", "pair_moves", "dp_move", "lns_move", "kernel_move",
-           "costly_node", "top_strategies", "merge"]
+           "costly_node", "top_strategies", "merge", "kernel_descent"]
 
 
 class State:
@@ -308,6 +309,25 @@ def kernel_move(st: State, theta: np.ndarray | None, c: int, time_limit: float,
         return False, res.optimal, res.seconds
     new = kg[sub.off[:-1] + res.x] - sp.off[:-1]
     return st.offer(new), res.optimal, res.seconds
+
+
+def kernel_descent(st: State, theta: np.ndarray | None, c: int, deadline: float, seed: int,
+                   max_rounds: int = 4, per_round: float = 20.0) -> int:
+    """Kernel moves (each followed by node and pair moves) from the plan the last one
+    found, until one finds nothing or ``max_rounds`` have run; returns how many improved.
+    The best strategies by score change with the plan, so a second kernel offers new ones."""
+    gains = 0
+    for r in range(max_rounds):
+        left = deadline - time.perf_counter()
+        if left < 1.0:
+            break
+        better, _, _ = kernel_move(st, theta, c, min(per_round, left - 0.5), seed + r)
+        if not better:
+            break
+        gains += 1
+        node_moves(st, deadline)
+        pair_moves(st, deadline)
+    return gains
 
 
 def merge(sp: Space, plans: list[np.ndarray], time_limit: float, seed: int) -> tuple[np.ndarray, float]:

@@ -3,8 +3,9 @@
 A :class:`Portfolio` starts ``python -m autoshard._portfolio`` once per seed, sends each
 the compact problem, its start plan and a time limit (pickled, on stdin) and reads back
 what the worker finds: a frame per improvement or bound, (objective, plan, bound). The
-workers share nothing while they run; the caller takes the best plan and the highest
-bound (each is a valid bound of the same problem). Subprocesses, not ``multiprocessing``:
+caller's better plans go the other way (:meth:`Portfolio.share`, frames on the worker's
+stdin), and a worker continues its run from one that beats it. The caller takes the best
+plan and the highest bound (each is a valid bound of the same problem). Subprocesses, not ``multiprocessing``:
 a spawned child would re-import the caller's ``__main__``.
 
 Example::
@@ -67,7 +68,6 @@ class Portfolio:
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE)
             _write(proc.stdin, (problem, seed))
-            proc.stdin.close()
             th = threading.Thread(target=self._listen, args=(proc,), daemon=True)
             th.start()
             self._procs.append(proc)
@@ -85,6 +85,14 @@ class Portfolio:
         if proc.wait() != 0:
             self.errors.append(err.splitlines()[-1] if err else f"exit status {proc.returncode}")
 
+    def share(self, obj: float, x: np.ndarray) -> None:
+        """Send the plan ``x`` (objective ``obj``) to every worker still running."""
+        for proc in self._procs:
+            try:
+                _write(proc.stdin, (obj, x))
+            except (BrokenPipeError, OSError, ValueError):  # the worker has finished
+                pass
+
     def best(self) -> tuple[float, np.ndarray | None, float]:
         """(objective, plan, bound) of the best worker plan so far and the highest bound."""
         with self._lock:
@@ -96,6 +104,10 @@ class Portfolio:
         for th in self._threads:
             th.join(max(end - time.perf_counter(), 0.0))
         for proc in self._procs:
+            try:
+                proc.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
@@ -107,8 +119,19 @@ def _main() -> None:
     problem, seed = _read(sys.stdin.buffer)
     cp, x0, deadline = pickle.loads(problem)
     out = sys.stdout.buffer
+    latest: list = [None]
+
+    def listen() -> None:  # the caller's better plans
+        while (msg := _read(sys.stdin.buffer)) is not None:
+            latest[0] = msg
+
+    threading.Thread(target=listen, daemon=True).start()
+    # workers search; the caller's process keeps the dual (and its kernels) going
     anytime(cp, x0, max(deadline - time.time(), 0.0), seed=seed, bound_share=0.05,
-            report=lambda obj, x, bound: _write(out, (obj, x, bound)))
+            hot_rate=math.inf, report=lambda obj, x, bound: _write(out, (obj, x, bound)),
+            inbox=lambda: latest[0])
+    out.flush()
+    os._exit(0)  # the stdin listener may still be blocked in a read
 
 
 if __name__ == "__main__":

@@ -187,3 +187,54 @@ def test_solve_with_two_workers_is_checked_by_the_evaluator() -> None:
     assert sol.bound <= opt + tol <= sol.objective + 2 * tol
     with pytest.raises(ValueError, match="workers must be an int >= 1, got 0"):
         solve_problem(p, workers=0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_merge_is_the_best_plan_over_the_union_of_the_elite(seed: int) -> None:
+    # oracle: every combination of the strategies the plans use, priced by the evaluator
+    import itertools
+    from autoshard._compact import plan_of
+    from autoshard._moves import merge
+    p = tied_problem(600 + seed, n=12, memory="tight")
+    cp = _compact(p)
+    sp = Space(cp)
+    rng = np.random.default_rng(seed)
+    plans = []
+    for _ in range(5000):
+        x = rng.integers(0, cp.k)
+        if math.isfinite(objective(cp, x)) and (usage(cp, x) <= cp.limit).all():
+            plans.append(x)
+        if len(plans) == 3:
+            break
+    assert len(plans) == 3
+    union = [sorted({int(x[u]) for x in plans}) for u in range(cp.n)]
+    best = math.inf
+    for choice in itertools.product(*union):
+        cost, ok, _ = evaluate(p, plan_of(cp, np.array(choice)).tolist())
+        if ok:
+            best = min(best, cost)
+    x, obj = merge(sp, plans, 10.0, seed)
+    cost, ok, _ = evaluate(p, plan_of(cp, x).tolist())
+    assert ok and cost == pytest.approx(obj, rel=1e-12)
+    assert obj == pytest.approx(best, rel=1e-9)
+    assert all(u_choice in union[u] for u, u_choice in enumerate(x.tolist()))
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_kernel_on_the_dual_costs_keeps_plans_valid_and_the_gap_honest(seed: int) -> None:
+    # hot_rate=0: every dual chunk counts as still rising, so a kernel follows each one
+    # (seed 5: one of them improves the plan)
+    from autoshard._anytime import anytime
+    from autoshard._compact import plan_of
+    p = tied_problem(700 + seed, n=40, memory="tight")
+    opt = exact_optimum(p)
+    cp = _compact(p)
+    x0 = start_plan(cp, Space(cp))
+    assert x0 is not None
+    res = anytime(cp, x0, 3.0, seed=seed, chunk=0.3, max_budget=12, exact_entries=0,
+                  hot_rate=0.0)
+    assert res.stats["hot_kernels"] >= 1
+    cost, ok, _ = evaluate(p, plan_of(cp, res.x).tolist())
+    assert ok and cost == pytest.approx(res.objective, rel=1e-12)
+    tol = 1e-9 * max(1.0, abs(opt))
+    assert res.bound <= opt + tol <= res.objective + 2 * tol
