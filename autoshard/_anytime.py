@@ -5,8 +5,11 @@ chunks of :class:`autoshard._lagrange.Dual` (raising the lower bound), so both a
 reported as they improve. Whenever the bound has moved, it fixes what no plan cheaper
 than the incumbent can use (reduced-cost fixing); if what is left is small enough for
 the MIP, the rest of the time goes to solving it exactly, which proves optimality.
-A search run that stalls is replaced by a fresh one from the start plan; more runs can
-go on in worker processes (:mod:`autoshard._portfolio`).
+A search run that stalls is replaced by a fresh one from the start plan, and the plans
+runs end with are merged (the exact optimum over the strategies they use). While the
+bound still rises fast, the dual gets most of the time and its reparametrized costs
+pick the strategies of a kernel MIP around the best plan. More runs can go on in
+worker processes (:mod:`autoshard._portfolio`), which get the caller's better plans.
 """
 from __future__ import annotations
 
@@ -91,12 +94,18 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     tenth of the limit, at least 15 s) ends, and the next one starts again from ``x0``
     with new random choices (the best plan overall is kept). IOPDDL V: runs from the
     same start end in a few distinct local optima, and more runs reach the better ones.
-    ``workers - 1`` more independent searches run in subprocesses
+    Every run end joins the ``max_elite`` latest *elite* plans, merged by
+    :func:`autoshard._moves.merge`. A dual chunk that closes at least ``hot_rate`` of the
+    gap makes the next ones longer (``hot_share`` of the time; default 0.85 with workers,
+    who do the searching, else 0.6) and is followed by a kernel move on the best plan
+    ranked by the dual's costs (IOPDDL M: 5.19e10 to 4.993e10 in one step once the bound
+    passes about 4.91e10). ``workers - 1`` more searches run in subprocesses
     (:class:`autoshard._portfolio.Portfolio`, seeds ``seed + 1009 * i``); the result is
     the best plan and the highest bound of all. ``report(objective, x, bound)`` is called
-    at every improvement and bound change (the workers' channel back). ``chunk`` and
-    ``max_budget`` (largest LNS sub-problem) are for tests; ``stats["run_ends"]`` lists
-    the best objective of every run that ended.
+    at every improvement and bound change (the workers' channel back); ``inbox()`` gives
+    the caller's latest plan (the channel in: a worker's run continues from it when it
+    is better). ``chunk`` and ``max_budget`` (largest LNS sub-problem) are for tests;
+    ``stats["run_ends"]`` lists the best objective of every run that ended.
     """
     t0 = time.perf_counter()
     deadline = t0 + time_limit
