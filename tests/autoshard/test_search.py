@@ -138,15 +138,20 @@ def test_search_handles_forbidden_pairs_and_self_loops(seed: int) -> None:
     assert sol.objective == pytest.approx(best, rel=1e-9)
 
 
+def _anytime_case(problem_seed: int, n: int):
+    """A tight-memory problem, its exact optimum, compact form and start plan."""
+    p = tied_problem(problem_seed, n=n, memory="tight")
+    cp = _compact(p)
+    x0 = start_plan(cp, Space(cp))
+    assert x0 is not None
+    return p, exact_optimum(p), cp, x0
+
+
 @pytest.mark.parametrize("seed", range(2))
 def test_restarted_runs_keep_the_best_plan_and_an_honest_gap(seed: int) -> None:
     # LNS of at most 12 variables never covers the problem; a fresh run every 0.3 s chunk
     from autoshard._anytime import anytime
-    p = tied_problem(400 + seed, n=26, memory="tight")
-    opt = exact_optimum(p)
-    cp = _compact(p)
-    x0 = start_plan(cp, Space(cp))
-    assert x0 is not None
+    p, opt, cp, x0 = _anytime_case(400 + seed, 26)
     res = anytime(cp, x0, 4.0, seed=seed, restart_after=0.0, chunk=0.3, max_budget=12,
                   exact_entries=0)
     ends = res.stats["run_ends"]
@@ -226,11 +231,7 @@ def test_kernel_on_the_dual_costs_keeps_plans_valid_and_the_gap_honest(seed: int
     # (seed 5: one of them improves the plan)
     from autoshard._anytime import anytime
     from autoshard._compact import plan_of
-    p = tied_problem(700 + seed, n=40, memory="tight")
-    opt = exact_optimum(p)
-    cp = _compact(p)
-    x0 = start_plan(cp, Space(cp))
-    assert x0 is not None
+    p, opt, cp, x0 = _anytime_case(700 + seed, 40)
     res = anytime(cp, x0, 3.0, seed=seed, chunk=0.3, max_budget=12, exact_entries=0,
                   hot_rate=0.0)
     assert res.stats["hot_kernels"] >= 1
