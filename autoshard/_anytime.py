@@ -26,7 +26,7 @@ from autoshard._contract import contract
 from autoshard._dominance import remove_dominated
 from autoshard._lagrange import Dual
 from autoshard._memory import MemoryRows
-from autoshard._moves import State, kernel_descent, merge
+from autoshard._moves import State, kernel_move, merge, node_moves, pair_moves
 from autoshard._presolve import Reduced
 from autoshard._search import search
 from autoshard._space import Space
@@ -257,8 +257,12 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         share = hot_share if hot else bound_share
         if hot and deadline - time.perf_counter() > 1.0:
             st = State(sp, best_x)
-            gains = kernel_descent(st, dual.theta_at_best(), hot_c, deadline, seed + 31 * chunks,
-                                   max_rounds=1, per_round=chunk)
+            gains, _, _ = kernel_move(st, dual.theta_at_best(), hot_c,
+                                      min(chunk, deadline - time.perf_counter() - 0.5),
+                                      seed + 31 * chunks)
+            if gains:
+                node_moves(st, deadline)
+                pair_moves(st, deadline)
             stats["hot_kernels"] += 1
             hot_c = 2 if gains else min(hot_c + 1, 4)  # nothing new at c: offer more
             # a kernel that moved the plan by 1% or more gets a full search chunk next
@@ -272,7 +276,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
                     run_x, run_obj, run_gain = best_x, best, time.perf_counter()
                 from_peers()  # the workers polish it too
                 if log:
-                    log(f"{gains} kernel(s) on the dual's costs (bound {b:.10g}): {best:.10g}")
+                    log(f"kernel on the dual's costs (bound {b:.10g}): {best:.10g}")
     if peers is not None:
         peers.close(wait=0.0 if optimal else deadline - time.perf_counter())
         from_peers()

@@ -6,7 +6,6 @@
 - :func:`lns_move`: a node set re-solved exactly by the MIP (optionally over each node's
   best few strategies);
 - :func:`kernel_move`: the whole problem re-solved over each node's best few strategies;
-- :func:`kernel_descent`: kernel moves, each from the plan the last one found;
 - :func:`merge`: the whole problem re-solved over the strategies some elite plan uses.
 
 :class:`State` holds the plan, its cost and its memory profile; ``offer`` accepts a new
@@ -26,7 +25,7 @@ from autoshard._space import RangeMax, Space
 from autoshard._treedp import forest_dp, random_forest
 
 __all__ = ["State", "Prices", "node_moves", "pair_moves", "dp_move", "lns_move", "kernel_move",
-           "costly_node", "top_strategies", "merge", "kernel_descent"]
+           "costly_node", "top_strategies", "merge"]
 
 
 class State:
@@ -294,40 +293,27 @@ def kernel_move(st: State, theta: np.ndarray | None, c: int, time_limit: float,
     keep = top_strategies(sp, sp.scores(st.x), c)
     if theta is not None:
         keep |= top_strategies(sp, theta, c)
-    cur = sp.off[:-1] + st.x
+    new, res = _solve_over(sp, keep, st.x, time_limit, seed)
+    if res.status in FAILED:
+        st.failures += 1
+    if new is None:
+        return False, res.optimal, res.seconds
+    return st.offer(new), res.optimal, res.seconds
+
+
+def _solve_over(sp: Space, keep: np.ndarray, x: np.ndarray, time_limit: float, seed: int):
+    """The whole problem solved over strategies ``keep`` plus ``x``'s (which fits, the
+    fallback): GLOP's LP and a small MIP on what it leaves fractional when large, else
+    the exact MIP. Returns (plan or None, solver result)."""
+    cur = sp.off[:-1] + x
+    keep = keep.copy()
     keep[cur] = True
     sub = restrict(sp.cp, keep)
     kg = np.flatnonzero(keep)
     xs = np.searchsorted(kg, cur) - sub.off[:-1]
-    if sub.W.size > 20_000:  # GLOP's LP and a small MIP on what it leaves fractional
-        res = lp_dive(sub, time_limit, xs, seed=seed)
-    else:
-        res = solve_compact(sub, time_limit, xs, seed=seed)
-    if res.status in FAILED:
-        st.failures += 1
-    if res.x is None:
-        return False, res.optimal, res.seconds
-    new = kg[sub.off[:-1] + res.x] - sp.off[:-1]
-    return st.offer(new), res.optimal, res.seconds
-
-
-def kernel_descent(st: State, theta: np.ndarray | None, c: int, deadline: float, seed: int,
-                   max_rounds: int = 4, per_round: float = 20.0) -> int:
-    """Kernel moves (each followed by node and pair moves) from the plan the last one
-    found, until one finds nothing or ``max_rounds`` have run; returns how many improved.
-    The best strategies by score change with the plan, so a second kernel offers new ones."""
-    gains = 0
-    for r in range(max_rounds):
-        left = deadline - time.perf_counter()
-        if left < 1.0:
-            break
-        better, _, _ = kernel_move(st, theta, c, min(per_round, left - 0.5), seed + r)
-        if not better:
-            break
-        gains += 1
-        node_moves(st, deadline)
-        pair_moves(st, deadline)
-    return gains
+    solve = lp_dive if sub.W.size > 20_000 else solve_compact
+    res = solve(sub, time_limit, xs, seed=seed)
+    return (None if res.x is None else kg[sub.off[:-1] + res.x] - sp.off[:-1]), res
 
 
 def merge(sp: Space, plans: list[np.ndarray], time_limit: float, seed: int) -> tuple[np.ndarray, float]:
@@ -341,12 +327,7 @@ def merge(sp: Space, plans: list[np.ndarray], time_limit: float, seed: int) -> t
     keep = np.zeros(int(sp.off[-1]), bool)
     for x in plans:
         keep[sp.off[:-1] + x] = True
-    sub = restrict(cp, keep)
-    kg = np.flatnonzero(keep)
-    xs = np.searchsorted(kg, sp.off[:-1] + plans[i]) - sub.off[:-1]
-    solve = lp_dive if sub.W.size > 20_000 else solve_compact
-    res = solve(sub, time_limit, xs, seed=seed)
-    if res.x is None or not res.objective < objs[i]:
+    x, res = _solve_over(sp, keep, plans[i], time_limit, seed)
+    if x is None or not res.objective < objs[i]:
         return plans[i], objs[i]
-    x = kg[sub.off[:-1] + res.x] - sp.off[:-1]
     return x, objective(cp, x)
