@@ -69,30 +69,45 @@ class Dual:
         self.price = np.zeros(cp.cost.size)
         self.theta = cp.cost.astype(np.float64).copy()
         self.W = np.where(np.isfinite(cp.W), cp.W, math.inf)
+        self.banned = np.isinf(self.W) if np.isinf(self.W).any() else None
         colour = _colour_edges(cp.n, cp.eu, cp.ev) if cp.m else np.zeros(0, np.int64)
-        self.classes = []
-        for col in range(int(colour.max()) + 1 if colour.size else 0):
-            E = np.flatnonzero(colour == col)
-            ent = np.concatenate([np.arange(cp.ebase[x], cp.ebase[x + 1]) for x in E.tolist()])
-            # row segments are contiguous (row-major blocks); columns need a permutation
-            rstart = np.flatnonzero(np.r_[True, self.ri[ent][1:] != self.ri[ent][:-1]])
-            cperm = np.lexsort((self.ri[ent], self.ci[ent]))
-            cs = self.ci[ent][cperm]
-            cstart = np.flatnonzero(np.r_[True, cs[1:] != cs[:-1]])
-            self.classes.append((ent, rstart, cperm, cstart, self.ri[ent][rstart], cs[cstart]))
+        self.classes = [self._class(np.flatnonzero(colour == col))
+                        for col in range(int(colour.max()) + 1 if colour.size else 0)]
         self.best = -math.inf
         self.snap = None          # (phi_r, phi_c, lam) at the best bound
         self.alpha, self.stall = 1.0, 0
         self.sweeps = 0
 
+    def _class(self, E: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Arrays for updating the edges ``E`` (no two share a node) at once: their
+        entries row-major and column-major, segment starts, each entry's local row and
+        column, and the rows' and columns' message and strategy indices."""
+        cp = self.sp.cp
+        ent = np.concatenate([np.arange(cp.ebase[x], cp.ebase[x + 1]) for x in E.tolist()])
+        ri, ci = self.ri[ent], self.ci[ent]
+        rnew = np.r_[True, ri[1:] != ri[:-1]]        # row segments are contiguous
+        rstart, rloc = np.flatnonzero(rnew), np.cumsum(rnew) - 1
+        cperm = np.lexsort((ri, ci))
+        cs = ci[cperm]
+        cnew = np.r_[True, cs[1:] != cs[:-1]]
+        cstart = np.flatnonzero(cnew)
+        cloc = np.empty(ent.size, np.int64)
+        cloc[cperm] = np.cumsum(cnew) - 1
+        rids, cids = ri[rstart], cs[cstart]
+        w = self.W[ent]
+        return (w, w[cperm], rstart, cstart, rloc[cperm], cloc, rids, cids,
+                self.row_g[rids], self.col_g[cids])
+
     # ---- bound ------------------------------------------------------------------
-    def edge_mins(self) -> np.ndarray:
+    def _edge_theta(self) -> np.ndarray:
+        """Reparametrized cost of every edge entry (inf where the pair is not allowed)."""
         te = self.W - self.phi_r[self.ri] - self.phi_c[self.ci]
-        te = np.where(np.isinf(self.W), math.inf, te)
-        sp = self.sp
-        if sp.cp.m == 0:
+        return np.where(self.banned, math.inf, te) if self.banned is not None else te
+
+    def edge_mins(self) -> np.ndarray:
+        if self.sp.cp.m == 0:
             return np.zeros(0)
-        return np.minimum.reduceat(te, sp.ebase[:-1])
+        return np.minimum.reduceat(self._edge_theta(), self.sp.ebase[:-1])
 
     def bound(self) -> float:
         sp = self.sp
@@ -132,18 +147,13 @@ class Dual:
     # ---- updates ------------------------------------------------------------------
     def sweep(self) -> None:
         """One MPLP pass over every colour class."""
-        W = self.W
-        for ent, rstart, cperm, cstart, rids, cids in self.classes:
-            ri, ci = self.ri[ent], self.ci[ent]
-            a = self.theta[self.row_g[ri]] - self.phi_r[ri]
-            b = self.theta[self.col_g[ci]] - self.phi_c[ci]
-            w = W[ent]
-            m_u = np.minimum.reduceat(w + b, rstart)
-            m_v = np.minimum.reduceat((w + a)[cperm], cstart)
-            a_r, b_c = a[rstart], b[cperm][cstart]
-            new_r = 0.5 * (m_u - a_r)
-            new_c = 0.5 * (m_v - b_c)
-            gr, gc = self.row_g[rids], self.col_g[cids]
+        for w, wt, rstart, cstart, rloc_t, cloc, rids, cids, gr, gc in self.classes:
+            # what the other side offers depends on its strategy only: one value per
+            # row and column, gathered to the entries
+            a = self.theta[gr] - self.phi_r[rids]
+            b = self.theta[gc] - self.phi_c[cids]
+            new_r = 0.5 * (np.minimum.reduceat(w + b[cloc], rstart) - a)
+            new_c = 0.5 * (np.minimum.reduceat(wt + a[rloc_t], cstart) - b)
             self.theta[gr] += new_r - self.phi_r[rids]
             self.theta[gc] += new_c - self.phi_c[cids]
             self.phi_r[rids], self.phi_c[cids] = new_r, new_c
@@ -152,9 +162,10 @@ class Dual:
     def decode(self) -> np.ndarray:
         """Each node's minimizer of its reparametrized cost."""
         sp = self.sp
-        order = np.lexsort((self.theta, sp.node_of))
-        head = np.r_[True, sp.node_of[order][1:] != sp.node_of[order][:-1]]
-        return order[head] - sp.off[:-1]
+        at_min = np.flatnonzero(self.theta == np.minimum.reduceat(self.theta, sp.off[:-1])[sp.node_of])
+        node = sp.node_of[at_min]
+        first = at_min[np.r_[True, node[1:] != node[:-1]]]  # the lowest index on ties
+        return first - sp.off[:-1]
 
     def set_prices(self, lam: np.ndarray) -> None:
         sp = self.sp
@@ -211,7 +222,7 @@ class Dual:
         slack = incumbent - lb
         nmin = np.minimum.reduceat(self.theta, sp.off[:-1])
         drop_g = self.theta - nmin[sp.node_of] > slack + 1e-9 * max(abs(incumbent), 1.0)
-        te = self.W - self.phi_r[self.ri] - self.phi_c[self.ci]
-        emin = self.edge_mins()
+        te = self._edge_theta()
+        emin = np.minimum.reduceat(te, sp.ebase[:-1]) if sp.cp.m else np.zeros(0)
         drop_e = np.isfinite(self.W) & (te - emin[self.e] > slack + 1e-9 * max(abs(incumbent), 1.0))
         return drop_g, drop_e
