@@ -164,6 +164,19 @@ def test_restarted_runs_keep_the_best_plan_and_an_honest_gap(seed: int) -> None:
     assert res.objective - opt <= res.objective - res.bound + tol
 
 
+def test_a_run_near_the_bound_is_not_restarted() -> None:
+    # the same stalling runs as above: with every plan counted as near the bound
+    # (near_gap 1.0) the first run goes on to the end, and the result is as honest
+    from autoshard._anytime import anytime
+    p, opt, cp, x0 = _anytime_case(400, 26)
+    res = anytime(cp, x0, 2.0, seed=0, restart_after=0.0, chunk=0.3, max_budget=12,
+                  exact_entries=0, near_gap=1.0)
+    assert res.stats["runs"] == 1 and res.stats["run_ends"] == []
+    assert (usage(cp, res.x) <= cp.limit).all()
+    tol = 1e-9 * max(1.0, abs(opt))
+    assert res.bound <= opt + tol <= res.objective + 2 * tol
+
+
 def test_worker_processes_return_plans_that_fit_and_cost_what_they_say() -> None:
     from autoshard._portfolio import Portfolio
     p = tied_problem(501, n=30, memory="tight")
