@@ -165,6 +165,9 @@ class Dual:
         at_min = np.flatnonzero(self.theta == np.minimum.reduceat(self.theta, sp.off[:-1])[sp.node_of])
         node = sp.node_of[at_min]
         first = at_min[np.r_[True, node[1:] != node[:-1]]]  # the lowest index on ties
+        if first.size != sp.n:  # a node without a minimum (nan costs): sort instead
+            order = np.lexsort((self.theta, sp.node_of))
+            first = order[np.r_[True, sp.node_of[order][1:] != sp.node_of[order][:-1]]]
         return first - sp.off[:-1]
 
     def set_prices(self, lam: np.ndarray) -> None:
