@@ -95,7 +95,8 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     with new random choices (the best plan overall is kept). IOPDDL V: runs from the
     same start end in a few distinct local optima, and more runs reach the better ones.
     A run within ``near_gap`` of the bound is not ended, and the dual is not hot there:
-    only polishing gains (IOPDDL M after its kernel jump, 1-1.7% above the bound).
+    only polishing gains (IOPDDL M after its kernel jump, 1-1.7% above the bound), and
+    each new worker plan is merged with the caller's.
     Every run end joins the ``max_elite`` latest *elite* plans, merged by
     :func:`autoshard._moves.merge`. A dual chunk that closes at least ``hot_rate`` of the
     gap makes the next ones longer (``hot_share`` of the time; default 0.85 with workers,
@@ -121,8 +122,9 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     best_x, best = x0.copy(), start_obj
     trace, btrace = [(0.0, best)], []
     stats: dict = dict(search={}, dual_sweeps=0, fixings=0, runs=1, peer_best=0, run_ends=[],
-                       merges=0, merge_better=0, hot_kernels=0, hot_kernel_better=0)
-    share, hot_c, hot, polish = bound_share, 2, False, False
+                       merges=0, merge_better=0, hot_kernels=0, hot_kernel_better=0,
+                       peer_merges=0, peer_merge_better=0)
+    share, hot, polish = bound_share, False, False
     if hot_share is None:  # workers search: this process can give the dual more
         hot_share = 0.85 if workers > 1 else 0.6
     elite: list[np.ndarray] = []
@@ -131,7 +133,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     restart_after = max(15.0, 0.1 * time_limit) if restart_after is None else restart_after
     optimal, last_fix_bound = False, -math.inf
     run_x, run_obj, run_gain, budget, chunks = best_x, best, t0, 3000, 0
-    peer_bound, shared = -math.inf, math.inf
+    peer_bound, shared, peer_merged = -math.inf, math.inf, math.nan
 
     def bound_now() -> float:
         return max(dual.best, peer_bound)
@@ -143,7 +145,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     def from_peers() -> None:
         """Take the caller's plan (in a worker) or the workers' (in the caller) if better;
         send the caller's best to the workers when theirs is worse."""
-        nonlocal best_x, best, peer_bound, run_x, run_obj, run_gain, shared
+        nonlocal best_x, best, peer_bound, run_x, run_obj, run_gain, shared, peer_merged
         if inbox is not None and (got := inbox()) is not None and got[0] < best:
             best, best_x = got[0], got[1]
             run_x, run_obj, run_gain = best_x, best, time.perf_counter()  # the run goes on from it
@@ -153,10 +155,26 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             return
         obj, x, b = peers.best()
         peer_bound = max(peer_bound, b)
+        near = best - bound_now() <= near_gap * abs(best)
+        if (x is not None and near and obj != peer_merged and deadline - time.perf_counter() > 1.5
+                and not np.array_equal(x, best_x)):
+            # two polishes of one plan near the bound: the union of their strategies
+            # often holds the gains of both
+            peer_merged = obj
+            xm, om = merge(sp, [best_x, x], min(merge_time, deadline - time.perf_counter() - 0.5),
+                           seed + 17 * stats["peer_merges"])
+            stats["peer_merges"] += 1
+            if om < min(best, obj):
+                stats["peer_merge_better"] += 1
+                x, obj = xm, om
+                if log:
+                    log(f"merge with a worker's plan: {obj:.10g}")
         if x is not None and obj < best:
             best_x, best = x, obj
             trace.append((time.perf_counter() - t0, best))
             stats["peer_best"] += 1
+            if near:  # only polishing gains here: the run goes on from it
+                run_x, run_obj, run_gain = best_x, best, time.perf_counter()
         elif best < min(obj, shared):
             peers.share(best, best_x)
             shared = best
@@ -266,14 +284,15 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         share = hot_share if hot else bound_share
         if hot and deadline - time.perf_counter() > 1.0:
             st = State(sp, best_x)
-            gains, _, _ = kernel_move(st, dual.theta_at_best(), hot_c,
+            # 2 strategies by score and by the dual's costs: on M, 3-6 give a kernel the
+            # MIP does not solve in 30 s, and a kernel stuck at 4 missed the jump (seed 2)
+            gains, _, _ = kernel_move(st, dual.theta_at_best(), 2,
                                       min(chunk, deadline - time.perf_counter() - 0.5),
                                       seed + 31 * chunks)
             if gains:
                 node_moves(st, deadline)
                 pair_moves(st, deadline)
             stats["hot_kernels"] += 1
-            hot_c = 2 if gains else min(hot_c + 1, 4)  # nothing new at c: offer more
             # a kernel that moved the plan by 1% or more gets a full search chunk next
             polish = st.obj < (1 - 0.01) * best
             if gains:
