@@ -138,6 +138,10 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     def bound_now() -> float:
         return max(dual.best, peer_bound)
 
+    def near(obj: float) -> bool:
+        """``obj`` is within ``near_gap`` of the bound: only polishing gains there."""
+        return obj - bound_now() <= near_gap * abs(obj)
+
     def tell() -> None:
         if report is not None:
             report(best, best_x, bound_now())
@@ -155,9 +159,9 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             return
         obj, x, b = peers.best()
         peer_bound = max(peer_bound, b)
-        near = best - bound_now() <= near_gap * abs(best)
-        if (x is not None and near and obj != peer_merged and deadline - time.perf_counter() > 1.5
-                and not np.array_equal(x, best_x)):
+        polishing = near(best)
+        if (x is not None and polishing and obj != peer_merged
+                and deadline - time.perf_counter() > 1.5 and not np.array_equal(x, best_x)):
             # two polishes of one plan near the bound: the union of their strategies
             # often holds the gains of both
             peer_merged = obj
@@ -173,7 +177,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             best_x, best = x, obj
             trace.append((time.perf_counter() - t0, best))
             stats["peer_best"] += 1
-            if near:  # only polishing gains here: the run goes on from it
+            if polishing:  # the run goes on from it
                 run_x, run_obj, run_gain = best_x, best, time.perf_counter()
         elif best < min(obj, shared):
             peers.share(best, best_x)
@@ -234,7 +238,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         # after the kernel on the dual's costs: 1.1-1.7%; a new run from the start plan
         # stalls 8% above the bound)
         if (time.perf_counter() - run_gain > restart_after
-                and run_obj - bound_now() > near_gap * abs(run_obj)
+                and not near(run_obj)
                 and deadline - time.perf_counter() > restart_after):
             stats["runs"] += 1
             stats["run_ends"].append(run_obj)
@@ -280,7 +284,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         # re-rank the strategies of the best plan's kernel; within near_gap of the bound
         # only polishing gains, and the search gets the time back
         hot = ((b - b_prev) >= hot_rate * max(best - b_prev, 0.0) and math.isfinite(b_prev)
-               and best - bound_now() > near_gap * abs(best))
+               and not near(best))
         share = hot_share if hot else bound_share
         if hot and deadline - time.perf_counter() > 1.0:
             st = State(sp, best_x)
@@ -289,13 +293,13 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             gains, _, _ = kernel_move(st, dual.theta_at_best(), 2,
                                       min(chunk, deadline - time.perf_counter() - 0.5),
                                       seed + 31 * chunks)
+            stats["hot_kernels"] += 1
+            polish = False
             if gains:
                 node_moves(st, deadline)
                 pair_moves(st, deadline)
-            stats["hot_kernels"] += 1
-            # a kernel that moved the plan by 1% or more gets a full search chunk next
-            polish = st.obj < (1 - 0.01) * best
-            if gains:
+                # a kernel that moved the plan by 1% or more gets a full search chunk next
+                polish = st.obj < (1 - 0.01) * best
                 stats["hot_kernel_better"] += 1
                 best_x, best = st.x, st.obj
                 trace.append((time.perf_counter() - t0, best))

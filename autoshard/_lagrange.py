@@ -69,7 +69,8 @@ class Dual:
         self.price = np.zeros(cp.cost.size)
         self.theta = cp.cost.astype(np.float64).copy()
         self.W = np.where(np.isfinite(cp.W), cp.W, math.inf)
-        self.banned = np.isinf(self.W) if np.isinf(self.W).any() else None
+        banned = np.isinf(self.W)
+        self.banned = banned if banned.any() else None
         colour = _colour_edges(cp.n, cp.eu, cp.ev) if cp.m else np.zeros(0, np.int64)
         self.classes = [self._class(np.flatnonzero(colour == col))
                         for col in range(int(colour.max()) + 1 if colour.size else 0)]
@@ -162,7 +163,8 @@ class Dual:
     def decode(self) -> np.ndarray:
         """Each node's minimizer of its reparametrized cost."""
         sp = self.sp
-        at_min = np.flatnonzero(self.theta == np.minimum.reduceat(self.theta, sp.off[:-1])[sp.node_of])
+        nmin = np.minimum.reduceat(self.theta, sp.off[:-1])
+        at_min = np.flatnonzero(self.theta == nmin[sp.node_of])
         node = sp.node_of[at_min]
         first = at_min[np.r_[True, node[1:] != node[:-1]]]  # the lowest index on ties
         if first.size != sp.n:  # a node without a minimum (nan costs): sort instead

@@ -5,8 +5,8 @@ the compact problem, its start plan and a time limit (pickled, on stdin) and rea
 what the worker finds: a frame per improvement or bound, (objective, plan, bound). The
 caller's better plans go the other way (:meth:`Portfolio.share`, frames on the worker's
 stdin), and a worker continues its run from one that beats it. The caller takes the best
-plan and the highest bound (each is a valid bound of the same problem). Subprocesses, not ``multiprocessing``:
-a spawned child would re-import the caller's ``__main__``.
+plan and the highest bound (each is a valid bound of the same problem). Subprocesses,
+not ``multiprocessing``: a spawned child would re-import the caller's ``__main__``.
 
 Example::
 
@@ -90,7 +90,7 @@ class Portfolio:
         for proc in self._procs:
             try:
                 _write(proc.stdin, (obj, x))
-            except (BrokenPipeError, OSError, ValueError):  # the worker has finished
+            except (OSError, ValueError):  # the worker has finished (pipe broken or closed)
                 pass
 
     def best(self) -> tuple[float, np.ndarray | None, float]:
@@ -106,7 +106,7 @@ class Portfolio:
         for proc in self._procs:
             try:
                 proc.stdin.close()
-            except (BrokenPipeError, OSError):
+            except OSError:  # a broken pipe: the worker has gone
                 pass
             if proc.poll() is None:
                 proc.kill()
