@@ -84,9 +84,9 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             bound_share: float = 0.15, every: float = 5.0, workers: int = 1,
             restart_after: float | None = None, chunk: float | None = None,
             max_budget: int = 200_000, max_elite: int = 8, hot_share: float | None = None,
-            hot_rate: float = 0.02, near_gap: float = 0.02,
+            hot_rate: float = 0.02, near_gap: float = 0.03,
             report: Callable[[float, np.ndarray, float], None] | None = None,
-            inbox: Callable[[], tuple[float, np.ndarray] | None] | None = None) -> AnytimeResult:
+            inbox: Callable[[], tuple[float, np.ndarray, float] | None] | None = None) -> AnytimeResult:
     """Improve ``x0`` (a compact plan that fits memory) and bound the optimum.
 
     The search runs in chunks of at most 20 s, each continuing the current *run* from
@@ -95,7 +95,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     with new random choices (the best plan overall is kept). IOPDDL V: runs from the
     same start end in a few distinct local optima, and more runs reach the better ones.
     A run within ``near_gap`` of the bound is not ended, and the dual is not hot there:
-    only polishing gains (IOPDDL M after its kernel jump, 1-1.7% above the bound), and
+    only polishing gains (IOPDDL M after its kernel jump, 1-1.8% above the bound), and
     each new worker plan is merged with the caller's.
     Every run end joins the ``max_elite`` latest *elite* plans, merged by
     :func:`autoshard._moves.merge`. A dual chunk that closes at least ``hot_rate`` of the
@@ -106,9 +106,11 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     (:class:`autoshard._portfolio.Portfolio`, seeds ``seed + 1009 * i``); the result is
     the best plan and the highest bound of all. ``report(objective, x, bound)`` is called
     at every improvement and bound change (the workers' channel back); ``inbox()`` gives
-    the caller's latest plan (the channel in: a worker's run continues from it when it
-    is better). ``chunk`` and ``max_budget`` (largest LNS sub-problem) are for tests;
-    ``stats["run_ends"]`` lists the best objective of every run that ended.
+    the caller's latest plan and bound (the channel in: a worker's run continues from
+    the plan when it is better, and the bound tells it when it is near). ``chunk`` and
+    ``max_budget`` (largest LNS sub-problem) are for tests; ``stats["run_ends"]`` lists
+    the best objective of every run that ended. Near the bound, search chunks make no
+    random kicks (``kicks=False``).
     """
     t0 = time.perf_counter()
     deadline = t0 + time_limit
@@ -150,7 +152,10 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         """Take the caller's plan (in a worker) or the workers' (in the caller) if better;
         send the caller's best to the workers when theirs is worse."""
         nonlocal best_x, best, peer_bound, run_x, run_obj, run_gain, shared, peer_merged
-        if inbox is not None and (got := inbox()) is not None and got[0] < best:
+        got = inbox() if inbox is not None else None
+        if got is not None:
+            peer_bound = max(peer_bound, got[2])
+        if got is not None and got[0] < best:
             best, best_x = got[0], got[1]
             run_x, run_obj, run_gain = best_x, best, time.perf_counter()  # the run goes on from it
             trace.append((time.perf_counter() - t0, best))
@@ -180,7 +185,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             if polishing:  # the run goes on from it
                 run_x, run_obj, run_gain = best_x, best, time.perf_counter()
         elif best < min(obj, shared):
-            peers.share(best, best_x)
+            peers.share(best, best_x, bound_now())
             shared = best
 
     def merge_elite(x: np.ndarray) -> None:
@@ -216,7 +221,8 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
                      bound=bound_now, every=every, sp=sp, budget=min(budget, max_budget),
                      max_budget=max_budget,
                      theta=lambda: dual.theta_at_best() if dual.snap is not None else None,
-                     stop_at=bound_now() + 1e-9 * max(abs(best), 1.0))
+                     stop_at=bound_now() + 1e-9 * max(abs(best), 1.0),
+                     kicks=not near(run_obj))
         for k, v in res.stats.items():
             if isinstance(v, (int, float)) and k != "budget":
                 stats["search"][k] = stats["search"].get(k, 0) + v
@@ -235,7 +241,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             break
         from_peers()
         # a run ends when it stalls, unless it is within near_gap of the bound (IOPDDL M
-        # after the kernel on the dual's costs: 1.1-1.7%; a new run from the start plan
+        # after the kernel on the dual's costs: 1.1-1.8%; a new run from the start plan
         # stalls 8% above the bound)
         if (time.perf_counter() - run_gain > restart_after
                 and not near(run_obj)
@@ -304,6 +310,8 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
                 best_x, best = st.x, st.obj
                 trace.append((time.perf_counter() - t0, best))
                 tell()
+                if near(best):  # only polishing gains now: the search gets the time back
+                    share = bound_share
                 if best < run_obj:
                     run_x, run_obj, run_gain = best_x, best, time.perf_counter()
                 from_peers()  # the workers polish it too

@@ -99,6 +99,8 @@ def build_compact_model(cp: Compact, rows: np.ndarray | None = None, form: str =
 
 
 def _x_from(cp: Compact, sol: np.ndarray) -> np.ndarray:
+    if cp.n == 0:  # nothing to choose (an empty neighbourhood)
+        return np.zeros(0, np.int64)
     s = sol[:int(cp.off[-1])]
     node_of = cp.node_of
     order = np.lexsort((-s, node_of))

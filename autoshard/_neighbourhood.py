@@ -8,8 +8,9 @@ constant is the fullest row of the segment minus ``S``'s own current share. Segm
 that cannot overflow whatever ``S`` picks are dropped. Solving the sub-problem exactly
 gives the best plan that differs from ``x`` only on ``S``.
 
-Neighbourhoods: a BFS *ball* around a seed node (random expansion order), and a *window*
-of the liveness timeline (nodes holding memory at a chosen row, grown by BFS).
+Neighbourhoods: a BFS *ball* around a seed node (random expansion order), a *window*
+of the liveness timeline (nodes holding memory at a chosen row, grown by BFS), and the
+nodes *binding* the plan's memory (holding memory on the rows at the limit).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import numpy as np
 from autoshard._compact import Compact, _offsets
 from autoshard._space import RangeMax, Space
 
-__all__ = ["sub_compact", "ball", "window", "size_of"]
+__all__ = ["sub_compact", "ball", "window", "binding", "size_of"]
 
 
 def _ranges(start: np.ndarray, stop: np.ndarray) -> np.ndarray:
@@ -89,6 +90,7 @@ def ball(sp: Space, seed: int, budget: int, rng: np.random.Generator,
     """Nodes reached by a randomized BFS from ``seed`` until ``budget`` variables."""
     inS = np.zeros(sp.n, bool)
     inS[seed] = True
+    over = np.zeros(sp.n, bool)  # neighbours of S left out: they do not fit the budget
     S, frontier = [seed], [seed]
     used = int(sp.k[seed])
     while frontier and used < budget:
@@ -107,6 +109,7 @@ def ball(sp: Space, seed: int, budget: int, rng: np.random.Generator,
                     if inS[w]:
                         add += int(sp.ebase[ed + 1] - sp.ebase[ed])
                 if used + add > budget:
+                    over[v] = True
                     continue
                 inS[v] = True
                 S.append(v)
@@ -115,8 +118,8 @@ def ball(sp: Space, seed: int, budget: int, rng: np.random.Generator,
         rng.shuffle(nxt)
         frontier = nxt
         if not frontier and used < budget:  # component exhausted: jump to another one
-            rest = np.flatnonzero(~inS if allowed is None else (~inS & allowed))
-            rest = rest[sp.k[rest] <= budget - used]
+            rest = np.flatnonzero(~inS & ~over if allowed is None else (~inS & ~over & allowed))
+            rest = rest[sp.k[rest] <= budget - used]  # not adjacent to S: no edge entries
             if rest.size:
                 v = int(rng.choice(rest))
                 inS[v] = True
@@ -126,22 +129,58 @@ def ball(sp: Space, seed: int, budget: int, rng: np.random.Generator,
     return np.asarray(S, np.int64)
 
 
-def window(sp: Space, row: int, budget: int, rng: np.random.Generator) -> np.ndarray:
-    """Nodes holding memory at ``row``, in random order, then a BFS ball, up to ``budget``."""
-    t = np.flatnonzero((sp.t_lo <= row) & (sp.t_hi > row))
-    live = np.unique(sp.node_of[sp.t_g[t]])
-    if live.size == 0:
-        return ball(sp, int(rng.integers(sp.n)), budget, rng)
+def _holding(sp: Space, rows: np.ndarray) -> np.ndarray:
+    """Nodes with a memory term (of any strategy) on one of ``rows``."""
+    hit = np.zeros(sp.t_lo.size, bool)
+    for r in np.asarray(rows).tolist():
+        hit |= (sp.t_lo <= r) & (sp.t_hi > r)
+    return np.unique(sp.node_of[sp.t_g[hit]])
+
+
+def _within(sp: Space, live: np.ndarray, budget: int, rng: np.random.Generator) -> np.ndarray:
+    """A BFS ball inside ``live`` from a random member, then other members in random
+    order, up to ``budget`` variables."""
     allowed = np.zeros(sp.n, bool)
     allowed[live] = True
-    seed = int(rng.choice(live))
-    S = ball(sp, seed, budget, rng, allowed)
+    S = ball(sp, int(rng.choice(live)), budget, rng, allowed)
     inS = np.zeros(sp.n, bool)
     inS[S] = True
     used = size_of(sp, S, inS)
-    for v in rng.permutation(live).tolist():  # live nodes not connected to the seed's ball
-        if inS[v] or used + sp.k[v] > budget:
+    for v in rng.permutation(live).tolist():  # live nodes the seed's ball did not reach
+        if inS[v]:
+            continue
+        nb = slice(sp.nptr[v], sp.nptr[v + 1])
+        e = sp.nbr_edge[nb][inS[sp.nbr[nb]]]
+        add = int(sp.k[v] + np.sum(sp.ebase[e + 1] - sp.ebase[e]))
+        if used + add > budget:
             continue
         inS[v] = True
-        used += int(sp.k[v])
+        used += add
     return np.flatnonzero(inS)
+
+
+def window(sp: Space, row: int, budget: int, rng: np.random.Generator) -> np.ndarray:
+    """Nodes holding memory at ``row``, in random order, then a BFS ball, up to ``budget``."""
+    live = _holding(sp, np.array([row]))
+    if live.size == 0:
+        return ball(sp, int(rng.integers(sp.n)), budget, rng)
+    return _within(sp, live, budget, rng)
+
+
+def binding(sp: Space, U: np.ndarray, budget: int, rng: np.random.Generator,
+            tol: float = 1e-3) -> np.ndarray:
+    """Every node holding memory on a row within ``tol`` (relative) of the limit, or on
+    the fullest row if none is; a random part of them when they exceed ``budget``.
+
+    Re-solved over each node's best few strategies, this trades memory among all the
+    nodes a full row couples (IOPDDL M after the kernel jump: 948 nodes on 2 rows at
+    the limit, 4.99293e10 to 4.99176e10 with node and pair moves after it)."""
+    rows = np.flatnonzero(U >= sp.limit * (1.0 - tol))
+    live = _holding(sp, rows if rows.size else np.array([int(np.argmax(U))]))
+    if live.size == 0:
+        return ball(sp, int(rng.integers(sp.n)), budget, rng)
+    inS = np.zeros(sp.n, bool)
+    inS[live] = True
+    if size_of(sp, live, inS) <= budget:
+        return live
+    return _within(sp, live, budget, rng)

@@ -85,11 +85,12 @@ class Portfolio:
         if proc.wait() != 0:
             self.errors.append(err.splitlines()[-1] if err else f"exit status {proc.returncode}")
 
-    def share(self, obj: float, x: np.ndarray) -> None:
-        """Send the plan ``x`` (objective ``obj``) to every worker still running."""
+    def share(self, obj: float, x: np.ndarray, bound: float) -> None:
+        """Send the plan ``x`` (objective ``obj``) and the caller's ``bound`` to every
+        worker still running."""
         for proc in self._procs:
             try:
-                _write(proc.stdin, (obj, x))
+                _write(proc.stdin, (obj, x, bound))
             except (OSError, ValueError):  # the worker has finished (pipe broken or closed)
                 pass
 

@@ -9,11 +9,13 @@ moves are in :mod:`autoshard._moves`):
 3. *LNS*: a BFS ball, a ball around an expensive edge, a window of the liveness timeline
    (rows near the limit), or a four times larger ball over each node's best three
    strategies, re-solved exactly by the MIP, memory included. The size adapts to about
-   ``step_time`` seconds per sub-solve;
+   ``step_time`` seconds per sub-solve. Once per plan, the window turn instead takes
+   every node holding memory on the rows at the limit, over each one's best few
+   strategies (two, one more after each exact solve that finds nothing);
 4. *kernel*: after 8 steps without a gain, the whole problem over each node's current
    strategy and its best few by score and by the dual's reparametrized cost ``theta``;
-5. *restarts*: after a long stretch without improvement, a random region of the best
-   plan is re-drawn (seeded); the best plan is kept.
+5. *restarts* (kicks): after a long stretch without improvement, a random region of the
+   best plan is re-drawn (seeded); the best plan is kept.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import numpy as np
 from autoshard._compact import Compact
 from autoshard._moves import (costly_node, Prices, State, top_strategies, dp_move, kernel_move,
                               lns_move, node_moves, pair_moves)
-from autoshard._neighbourhood import ball, window
+from autoshard._neighbourhood import ball, binding, window
 from autoshard._space import Space
 
 __all__ = ["search", "SearchResult"]
@@ -45,7 +47,8 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
            bound: Callable[[], float] | None = None, log: Callable[[str], None] | None = None,
            every: float = 5.0, step_time: float = 0.5, budget: int = 3000,
            sp: Space | None = None, theta: Callable[[], np.ndarray | None] | None = None,
-           stop_at: float = -math.inf, max_budget: int = 200_000) -> SearchResult:
+           stop_at: float = -math.inf, max_budget: int = 200_000,
+           kicks: bool = True) -> SearchResult:
     """Improve the feasible compact plan ``x0`` until ``time_limit`` seconds have passed
     (or the objective reaches ``stop_at``, e.g. a proven bound).
 
@@ -53,6 +56,8 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     ``budget``/``max_budget``: start and cap of the LNS size (variables of a sub-MIP);
     ``stats["budget"]`` is the size it adapted to (the start of a continued search).
     ``stats["exhausted"]``: an exact sub-solve covered every node, the plan is optimal.
+    ``kicks=False``: no restarts from a re-drawn region (for polishing a plan near the
+    bound: on IOPDDL M a kick costs the rest of a 20 s chunk to climb back, if it does).
     """
     t0 = time.perf_counter()
     deadline = t0 + time_limit
@@ -63,8 +68,16 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     best_x, best_obj = st.x.copy(), st.obj
     trace = [(0.0, best_obj)]
     stats = dict(node_moves=0, dp=0, dp_better=0, lns=0, lns_better=0, lns_optimal=0, restarts=0,
-                 kernel=0, kernel_better=0)
+                 kernel=0, kernel_better=0, binding=0, binding_better=0)
     kc, since_gain = 2, 0
+    bc, binding_tried = 2, None  # strategies per node of the binding move; (plan, bc) last tried
+
+    def few(c: int) -> np.ndarray:
+        """Each node's ``c`` best strategies by score and by the dual's costs."""
+        th = theta() if theta else None
+        keep = top_strategies(sp, sp.scores(st.x), c)
+        return keep | top_strategies(sp, th, c) if th is not None else keep
+
     last_log, last_gain = t0 - every, t0  # first line right away
 
     def note() -> None:
@@ -87,6 +100,7 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             log(f"search {now - t0:6.1f}s incumbent {best_obj:.10g} bound {b:.10g} gap {gap:.3%} "
                 f"lns {stats['lns_better']}/{stats['lns']} dp {stats['dp_better']}/{stats['dp']} "
                 f"kernel {stats['kernel_better']}/{stats['kernel']} "
+                f"binding {stats['binding_better']}/{stats['binding']} "
                 f"budget {budget} restarts {stats['restarts']}")
             last_log = now
         kind = it % 4
@@ -110,6 +124,19 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
                 stats["dp_better"] += 1
                 prices.decay()
                 stats["pair_moves"] += pair_moves(st, deadline)
+        elif kind == 3 and st.U is not None and (st.obj, bc) != binding_tried:
+            binding_tried = (st.obj, bc)
+            left = deadline - time.perf_counter()
+            better, optimal, secs = lns_move(st, binding(sp, st.U, 4 * budget, rng),
+                                             min(max(10 * step_time, 0.25 * left), left),
+                                             int(rng.integers(1 << 20)), few(bc))
+            stats["binding"] += 1
+            stats["binding_better"] += better
+            # nothing cheaper within bc strategies per node: widen (all of them at most)
+            bc = 2 if better else min(bc + optimal, int(sp.k.max()) + 1)
+            if better:
+                stats["node_moves"] += node_moves(st, deadline)
+                stats["pair_moves"] += pair_moves(st, deadline)
         else:
             if kind == 3 and st.U is not None:
                 rows = np.flatnonzero(st.U >= np.quantile(st.U, 0.9))
@@ -121,10 +148,7 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             left = deadline - time.perf_counter()
             if left < 0.2:
                 break
-            keep = None
-            if kind == 1:
-                th = theta() if theta else None
-                keep = top_strategies(sp, sp.scores(st.x), 3) | (top_strategies(sp, th, 3) if th is not None else False)
+            keep = few(3) if kind == 1 else None
             better, optimal, secs = lns_move(st, S, min(4 * step_time, left),
                                              int(rng.integers(1 << 20)), keep)
             stats["lns"] += 1
@@ -142,7 +166,7 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
                 stats["pair_moves"] += pair_moves(st, deadline)
         note()
         stag = time.perf_counter() - last_gain
-        if stag > max(0.15 * time_limit, 10.0) and deadline - time.perf_counter() > 0.2 * time_limit:
+        if kicks and stag > max(0.15 * time_limit, 10.0) and deadline - time.perf_counter() > 0.2 * time_limit:
             stats["restarts"] += 1
             x = best_x.copy()
             S = ball(sp, int(rng.integers(sp.n)), budget * 3, rng)

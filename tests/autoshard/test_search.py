@@ -147,6 +147,42 @@ def _anytime_case(problem_seed: int, n: int):
     return p, exact_optimum(p), cp, x0
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_binding_takes_every_node_with_a_term_on_the_full_rows(seed: int) -> None:
+    from autoshard._neighbourhood import binding, size_of
+    _, _, cp, x0 = _anytime_case(420 + seed, 24)
+    sp = Space(cp)
+    U = usage(cp, x0)
+    rng = np.random.default_rng(seed)
+    for depth in (0, 2):  # the fullest row alone, then the three fullest
+        tol = (cp.limit - np.sort(U)[::-1][depth]) / cp.limit + 1e-12
+        full = np.flatnonzero(U >= cp.limit * (1 - tol))
+        assert full.size >= depth + 1
+        expect = set()
+        for g, lo, hi in zip(cp.tg.tolist(), cp.tlo.tolist(), cp.thi.tolist()):
+            if any(lo <= r < hi for r in full.tolist()):
+                expect.add(int(np.searchsorted(cp.off, g, side="right") - 1))
+        got = binding(sp, U, 10**9, rng, tol=tol)
+        assert sorted(got.tolist()) == sorted(expect)
+        # over budget: a part of them, within the budget
+        inS = np.zeros(sp.n, bool)
+        inS[got] = True
+        small = size_of(sp, got, inS) // 2
+        part = binding(sp, U, small, rng, tol=tol)
+        assert set(part.tolist()) <= expect and 0 < part.size < len(expect)
+        inP = np.zeros(sp.n, bool)
+        inP[part] = True
+        assert size_of(sp, part, inP) <= small
+
+
+def test_an_empty_neighbourhood_leaves_the_plan() -> None:
+    from autoshard._moves import lns_move
+    _, _, cp, x0 = _anytime_case(420, 24)
+    st = State(Space(cp), x0)
+    assert lns_move(st, np.zeros(0, np.int64), 2.0, 0)[0] is False
+    assert np.array_equal(st.x, x0) and st.obj == objective(cp, x0)
+
+
 @pytest.mark.parametrize("seed", range(2))
 def test_restarted_runs_keep_the_best_plan_and_an_honest_gap(seed: int) -> None:
     # LNS of at most 12 variables never covers the problem; a fresh run every 0.3 s chunk
