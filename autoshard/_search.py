@@ -166,7 +166,8 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
                 stats["pair_moves"] += pair_moves(st, deadline)
         note()
         stag = time.perf_counter() - last_gain
-        if kicks and stag > max(0.15 * time_limit, 10.0) and deadline - time.perf_counter() > 0.2 * time_limit:
+        if (kicks and stag > max(0.15 * time_limit, 10.0)
+                and deadline - time.perf_counter() > 0.2 * time_limit):
             stats["restarts"] += 1
             x = best_x.copy()
             S = ball(sp, int(rng.integers(sp.n)), budget * 3, rng)
