@@ -20,7 +20,7 @@ import numpy as np
 
 from autoshard._cmodel import FAILED, lp_dive, solve_compact
 from autoshard._compact import objective, restrict
-from autoshard._neighbourhood import sub_compact
+from autoshard._neighbourhood import holding, sub_compact
 from autoshard._space import RangeMax, Space
 from autoshard._treedp import forest_dp, random_forest
 
@@ -215,15 +215,6 @@ class Prices:
         self.price *= 0.7
 
 
-def _touching(sp: Space, U: np.ndarray, margin: float) -> np.ndarray:
-    """Nodes with a memory term on a row within ``margin`` (fraction) of the limit."""
-    tight = np.concatenate([[0], np.cumsum(U > sp.limit * (1.0 - margin))])
-    hit = tight[sp.t_hi] - tight[sp.t_lo] > 0
-    out = np.zeros(sp.n, bool)
-    out[sp.node_of[sp.t_g[hit]]] = True
-    return out
-
-
 def dp_move(st: State, rng: np.random.Generator, prices: Prices, margin: float = 0.02) -> bool:
     """Exact best plan of a random induced forest; nodes near full rows keep to moves
     that raise no member's memory, the others pay the memory prices."""
@@ -231,7 +222,7 @@ def dp_move(st: State, rng: np.random.Generator, prices: Prices, margin: float =
     forest = random_forest(sp, rng)
     extra = prices.extra()
     if sp.limit is not None:
-        block = ~_safe_mask(sp, st.x) & _touching(sp, st.U, margin)[sp.node_of]
+        block = ~_safe_mask(sp, st.x) & holding(sp, st.U > sp.limit * (1.0 - margin))[sp.node_of]
         extra = np.where(block, math.inf, 0.0 if extra is None else extra)
     new = forest_dp(sp, sp.off[:-1] + st.x, forest, extra) - sp.off[:-1]
     ok, U = st.fits(new)

@@ -19,7 +19,7 @@ import numpy as np
 from autoshard._compact import Compact, _offsets
 from autoshard._space import RangeMax, Space
 
-__all__ = ["sub_compact", "ball", "window", "binding", "size_of"]
+__all__ = ["sub_compact", "ball", "window", "binding", "holding", "size_of"]
 
 
 def _ranges(start: np.ndarray, stop: np.ndarray) -> np.ndarray:
@@ -85,6 +85,17 @@ def sub_compact(sp: Space, S: np.ndarray, x: np.ndarray, U: np.ndarray | None,
                    tg, tcoef, tlo, thi, tv, np.arange(n), np.full(n, -1, np.int64), offS, vmap)
 
 
+def _add_cost(sp: Space, v: int, inS: np.ndarray) -> int:
+    """Variables that adding node ``v`` to ``S`` brings: its strategies and its edges
+    into ``S``."""
+    add = int(sp.k[v])
+    for w, ed in zip(sp.nbr[sp.nptr[v]:sp.nptr[v + 1]].tolist(),
+                     sp.nbr_edge[sp.nptr[v]:sp.nptr[v + 1]].tolist()):
+        if inS[w]:
+            add += int(sp.ebase[ed + 1] - sp.ebase[ed])
+    return add
+
+
 def ball(sp: Space, seed: int, budget: int, rng: np.random.Generator,
          allowed: np.ndarray | None = None) -> np.ndarray:
     """Nodes reached by a randomized BFS from ``seed`` until ``budget`` variables."""
@@ -97,17 +108,11 @@ def ball(sp: Space, seed: int, budget: int, rng: np.random.Generator,
         nxt = []
         for u in frontier:
             nb = sp.nbr[sp.nptr[u]:sp.nptr[u + 1]]
-            ne = sp.nbr_edge[sp.nptr[u]:sp.nptr[u + 1]]
             for i in rng.permutation(nb.size).tolist():
                 v = int(nb[i])
                 if inS[v] or (allowed is not None and not allowed[v]):
                     continue
-                # cost of adding v: its strategies and its edges into S
-                add = int(sp.k[v])
-                for w, ed in zip(sp.nbr[sp.nptr[v]:sp.nptr[v + 1]].tolist(),
-                                 sp.nbr_edge[sp.nptr[v]:sp.nptr[v + 1]].tolist()):
-                    if inS[w]:
-                        add += int(sp.ebase[ed + 1] - sp.ebase[ed])
+                add = _add_cost(sp, v, inS)
                 if used + add > budget:
                     over[v] = True
                     continue
@@ -129,12 +134,13 @@ def ball(sp: Space, seed: int, budget: int, rng: np.random.Generator,
     return np.asarray(S, np.int64)
 
 
-def _holding(sp: Space, rows: np.ndarray) -> np.ndarray:
-    """Nodes with a memory term (of any strategy) on one of ``rows``."""
-    hit = np.zeros(sp.t_lo.size, bool)
-    for r in np.asarray(rows).tolist():
-        hit |= (sp.t_lo <= r) & (sp.t_hi > r)
-    return np.unique(sp.node_of[sp.t_g[hit]])
+def holding(sp: Space, rows: np.ndarray) -> np.ndarray:
+    """Mask of the nodes with a memory term (of any strategy) on a row of the mask
+    ``rows``."""
+    count = np.concatenate([[0], np.cumsum(rows)])  # rows in [t_lo, t_hi) per term
+    out = np.zeros(sp.n, bool)
+    out[sp.node_of[sp.t_g[count[sp.t_hi] - count[sp.t_lo] > 0]]] = True
+    return out
 
 
 def _within(sp: Space, live: np.ndarray, budget: int, rng: np.random.Generator) -> np.ndarray:
@@ -149,9 +155,7 @@ def _within(sp: Space, live: np.ndarray, budget: int, rng: np.random.Generator) 
     for v in rng.permutation(live).tolist():  # live nodes the seed's ball did not reach
         if inS[v]:
             continue
-        nb = slice(sp.nptr[v], sp.nptr[v + 1])
-        e = sp.nbr_edge[nb][inS[sp.nbr[nb]]]
-        add = int(sp.k[v] + np.sum(sp.ebase[e + 1] - sp.ebase[e]))
+        add = _add_cost(sp, v, inS)
         if used + add > budget:
             continue
         inS[v] = True
@@ -161,7 +165,9 @@ def _within(sp: Space, live: np.ndarray, budget: int, rng: np.random.Generator) 
 
 def window(sp: Space, row: int, budget: int, rng: np.random.Generator) -> np.ndarray:
     """Nodes holding memory at ``row``, in random order, then a BFS ball, up to ``budget``."""
-    live = _holding(sp, np.array([row]))
+    rows = np.zeros(sp.cp.R, bool)
+    rows[row] = True
+    live = np.flatnonzero(holding(sp, rows))
     if live.size == 0:
         return ball(sp, int(rng.integers(sp.n)), budget, rng)
     return _within(sp, live, budget, rng)
@@ -175,8 +181,10 @@ def binding(sp: Space, U: np.ndarray, budget: int, rng: np.random.Generator,
     Re-solved over each node's best few strategies, this trades memory among all the
     nodes a full row couples (IOPDDL M after the kernel jump: 948 nodes on 2 rows at
     the limit, 4.99293e10 to 4.99176e10 with node and pair moves after it)."""
-    rows = np.flatnonzero(U >= sp.limit * (1.0 - tol))
-    live = _holding(sp, rows if rows.size else np.array([int(np.argmax(U))]))
+    rows = U >= sp.limit * (1.0 - tol)
+    if not rows.any():
+        rows[int(np.argmax(U))] = True
+    live = np.flatnonzero(holding(sp, rows))
     if live.size == 0:
         return ball(sp, int(rng.integers(sp.n)), budget, rng)
     inS = np.zeros(sp.n, bool)

@@ -78,6 +78,16 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         keep = top_strategies(sp, sp.scores(st.x), c)
         return keep | top_strategies(sp, th, c) if th is not None else keep
 
+    def descend() -> None:
+        """Node and pair moves after a gain, until neither improves."""
+        stats["node_moves"] += node_moves(st, deadline)
+        stats["pair_moves"] += pair_moves(st, deadline)
+
+    def whole_time() -> float:
+        """Time for a sub-solve over a large part of the problem."""
+        left = deadline - time.perf_counter()
+        return min(max(10 * step_time, 0.25 * left), left)
+
     last_log, last_gain = t0 - every, t0  # first line right away
 
     def note() -> None:
@@ -106,16 +116,13 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         kind = it % 4
         if since_gain >= 4:  # local neighbourhoods stall: restricted whole-problem MIP
             since_gain = 0
-            left = deadline - time.perf_counter()
-            better, optimal, secs = kernel_move(st, theta() if theta else None, kc,
-                                                min(max(10 * step_time, 0.25 * left), left),
+            better, optimal, secs = kernel_move(st, theta() if theta else None, kc, whole_time(),
                                                 int(rng.integers(1 << 20)))
             stats["kernel"] += 1
             stats["kernel_better"] += better
             kc = kc + 1 if optimal else max(kc - 1, 1)
             if better:
-                stats["node_moves"] += node_moves(st, deadline)
-                stats["pair_moves"] += pair_moves(st, deadline)
+                descend()
             note()
             continue
         if kind == 0:
@@ -126,17 +133,14 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
                 stats["pair_moves"] += pair_moves(st, deadline)
         elif kind == 3 and st.U is not None and (st.obj, bc) != binding_tried:
             binding_tried = (st.obj, bc)
-            left = deadline - time.perf_counter()
             better, optimal, secs = lns_move(st, binding(sp, st.U, 4 * budget, rng),
-                                             min(max(10 * step_time, 0.25 * left), left),
-                                             int(rng.integers(1 << 20)), few(bc))
+                                             whole_time(), int(rng.integers(1 << 20)), few(bc))
             stats["binding"] += 1
             stats["binding_better"] += better
             # nothing cheaper within bc strategies per node: widen (all of them at most)
             bc = 2 if better else min(bc + optimal, int(sp.k.max()) + 1)
             if better:
-                stats["node_moves"] += node_moves(st, deadline)
-                stats["pair_moves"] += pair_moves(st, deadline)
+                descend()
         else:
             if kind == 3 and st.U is not None:
                 rows = np.flatnonzero(st.U >= np.quantile(st.U, 0.9))
@@ -162,8 +166,7 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             f = min(max((step_time / max(secs, 1e-3)) ** 0.5, 0.7), 1.3) if optimal else 0.6
             budget = min(max(int(budget * f), 50), max_budget)
             if better:
-                stats["node_moves"] += node_moves(st, deadline)
-                stats["pair_moves"] += pair_moves(st, deadline)
+                descend()
         note()
         stag = time.perf_counter() - last_gain
         if (kicks and stag > max(0.15 * time_limit, 10.0)
