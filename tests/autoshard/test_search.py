@@ -213,20 +213,23 @@ def test_a_run_near_the_bound_is_not_restarted() -> None:
     assert res.bound <= opt + tol <= res.objective + 2 * tol
 
 
-def test_worker_processes_return_plans_that_fit_and_cost_what_they_say() -> None:
-    from autoshard._portfolio import Portfolio
-    p = tied_problem(501, n=30, memory="tight")
-    opt = exact_optimum(p)
-    cp = _compact(p)
-    x0 = start_plan(cp, Space(cp))
-    pf = Portfolio(cp, x0, 6.0, seeds=[3, 4])
-    pf.close(wait=8.0)
+def _check_workers(pf, cp, opt: float) -> None:
+    """The workers ended cleanly with a plan that fits and costs what they say, and an
+    honest bound."""
     obj, x, bound = pf.best()
     assert pf.errors == []
     assert x is not None and obj == pytest.approx(objective(cp, x), rel=1e-12)
     assert (usage(cp, x) <= cp.limit).all()
     tol = 1e-9 * max(1.0, abs(opt))
     assert bound <= opt + tol <= obj + 2 * tol
+
+
+def test_worker_processes_return_plans_that_fit_and_cost_what_they_say() -> None:
+    from autoshard._portfolio import Portfolio
+    _, opt, cp, x0 = _anytime_case(501, 30)
+    pf = Portfolio(cp, x0, 6.0, seeds=[3, 4])
+    pf.close(wait=8.0)
+    _check_workers(pf, cp, opt)
 
 
 def test_solve_with_two_workers_is_checked_by_the_evaluator() -> None:
@@ -308,10 +311,7 @@ def _states(pids: list[int], stopped: bool) -> list[str]:
 @pytest.mark.skipif(not __import__("os").path.exists("/proc/self/stat"), reason="needs /proc (Linux)")
 def test_paused_workers_stop_and_continue_and_still_report() -> None:
     from autoshard._portfolio import Portfolio
-    p = tied_problem(503, n=30, memory="tight")
-    opt = exact_optimum(p)
-    cp = _compact(p)
-    x0 = start_plan(cp, Space(cp))
+    _, opt, cp, x0 = _anytime_case(503, 30)
     pf = Portfolio(cp, x0, 8.0, seeds=[5, 6])
     pids = [proc.pid for proc in pf._procs]
     try:
@@ -322,11 +322,7 @@ def test_paused_workers_stop_and_continue_and_still_report() -> None:
         pf.pause(True)  # close() continues them before it waits for their reports
     finally:
         pf.close(wait=10.0)
-    obj, x, bound = pf.best()
-    assert pf.errors == []
-    assert x is not None and obj == pytest.approx(objective(cp, x), rel=1e-12)
-    tol = 1e-9 * max(1.0, abs(opt))
-    assert bound <= opt + tol <= obj + 2 * tol
+    _check_workers(pf, cp, opt)
 
 
 def test_anytime_pauses_workers_while_the_dual_is_hot() -> None:
