@@ -110,9 +110,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     the plan when it is better, and the bound tells it when it is near). ``chunk`` and
     ``max_budget`` (largest LNS sub-problem) are for tests; ``stats["run_ends"]`` lists
     the best objective of every run that ended. Near the bound, search chunks make no
-    random kicks (``kicks=False``). The workers are paused (:meth:`Portfolio.pause`)
-    during the dual chunks of a hot phase: beside a second process the dual makes half
-    its sweeps (IOPDDL M on 2 cores), and that is when its bound matters most.
+    random kicks (``kicks=False``).
     """
     t0 = time.perf_counter()
     deadline = t0 + time_limit
@@ -127,7 +125,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     trace, btrace = [(0.0, best)], []
     stats: dict = dict(search={}, dual_sweeps=0, fixings=0, runs=1, peer_best=0, run_ends=[],
                        merges=0, merge_better=0, hot_kernels=0, hot_kernel_better=0,
-                       peer_merges=0, peer_merge_better=0, worker_pauses=0)
+                       peer_merges=0, peer_merge_better=0)
     share, hot, polish = bound_share, False, False
     if hot_share is None:  # workers search: this process can give the dual more
         hot_share = 0.85 if workers > 1 else 0.6
@@ -259,17 +257,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         if left <= 0.05:
             break
         b_prev = dual.best
-        # a rising dual runs alone: beside a worker it makes half the sweeps (IOPDDL M, 2
-        # cores: 151 against 276 in 5 s), which delays the kernel jump and lowers the bound
-        alone = peers is not None and hot
-        if alone:
-            peers.pause(True)
-            stats["worker_pauses"] += 1
-        try:
-            b = dual.run(min(left, dual_len), best)
-        finally:
-            if alone:
-                peers.pause(False)
+        b = dual.run(min(left, dual_len), best)
         btrace.append((time.perf_counter() - t0, b))
         tell()
         if _proved(bound_now(), best):

@@ -13,7 +13,6 @@ Example::
     pf = Portfolio(cp, x0, 60.0, seeds=[1])   # one more search beside this process's,
     ...                                        # the caller's own search
     obj, x, bound = pf.best()                  # (inf, None, -inf) until a worker reports
-    pf.pause(True); ...; pf.pause(False)       # the caller alone for a while
     pf.close(wait=5.0)
 """
 from __future__ import annotations
@@ -21,7 +20,6 @@ from __future__ import annotations
 import math
 import os
 import pickle
-import signal
 import struct
 import subprocess
 import sys
@@ -96,18 +94,6 @@ class Portfolio:
             except (OSError, ValueError):  # the worker has finished (pipe broken or closed)
                 pass
 
-    def pause(self, on: bool) -> None:
-        """Stop (``on``) or continue every running worker, e.g. while the caller's own
-        work needs the whole machine (SIGSTOP/SIGCONT; a no-op where those do not exist).
-        A stopped worker's deadline still runs on, and :meth:`close` continues it first."""
-        sig = getattr(signal, "SIGSTOP" if on else "SIGCONT", None)
-        for proc in self._procs:
-            if sig is not None and proc.poll() is None:
-                try:
-                    os.kill(proc.pid, sig)
-                except OSError:
-                    pass
-
     def best(self) -> tuple[float, np.ndarray | None, float]:
         """(objective, plan, bound) of the best worker plan so far and the highest bound."""
         with self._lock:
@@ -115,7 +101,6 @@ class Portfolio:
 
     def close(self, wait: float) -> None:
         """Wait up to ``wait`` seconds for the workers' last reports, then stop them."""
-        self.pause(False)
         end = time.perf_counter() + max(wait, 0.0)
         for th in self._threads:
             th.join(max(end - time.perf_counter(), 0.0))
