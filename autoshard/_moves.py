@@ -25,7 +25,7 @@ from autoshard._space import RangeMax, Space
 from autoshard._treedp import forest_dp, random_forest
 
 __all__ = ["State", "Prices", "node_moves", "pair_moves", "dp_move", "lns_move", "kernel_move",
-           "costly_node", "top_strategies", "merge"]
+           "costly_node", "top_strategies", "best_few", "merge"]
 
 
 class State:
@@ -276,15 +276,19 @@ def top_strategies(sp: Space, val: np.ndarray, c: int) -> np.ndarray:
     return rank < c
 
 
+def best_few(sp: Space, x: np.ndarray, theta: np.ndarray | None, c: int) -> np.ndarray:
+    """Mask of each node's ``c`` best strategies by score given ``x`` and, when given,
+    its ``c`` best by reparametrized cost ``theta``."""
+    keep = top_strategies(sp, sp.scores(x), c)
+    return keep | top_strategies(sp, theta, c) if theta is not None else keep
+
+
 def kernel_move(st: State, theta: np.ndarray | None, c: int, time_limit: float,
                 seed: int) -> tuple[bool, bool, float]:
     """Re-solve the whole problem exactly with each node restricted to its current
     strategy and its ``c`` best by score and by reparametrized cost ``theta``."""
     sp = st.sp
-    keep = top_strategies(sp, sp.scores(st.x), c)
-    if theta is not None:
-        keep |= top_strategies(sp, theta, c)
-    new, res = _solve_over(sp, keep, st.x, time_limit, seed)
+    new, res = _solve_over(sp, best_few(sp, st.x, theta, c), st.x, time_limit, seed)
     if res.status in FAILED:
         st.failures += 1
     if new is None:

@@ -145,7 +145,9 @@ def holding(sp: Space, rows: np.ndarray) -> np.ndarray:
 
 def _within(sp: Space, live: np.ndarray, budget: int, rng: np.random.Generator) -> np.ndarray:
     """A BFS ball inside ``live`` from a random member, then other members in random
-    order, up to ``budget`` variables."""
+    order, up to ``budget`` variables (a ball anywhere if ``live`` is empty)."""
+    if live.size == 0:
+        return ball(sp, int(rng.integers(sp.n)), budget, rng)
     allowed = np.zeros(sp.n, bool)
     allowed[live] = True
     S = ball(sp, int(rng.choice(live)), budget, rng, allowed)
@@ -167,10 +169,7 @@ def window(sp: Space, row: int, budget: int, rng: np.random.Generator) -> np.nda
     """Nodes holding memory at ``row``, in random order, then a BFS ball, up to ``budget``."""
     rows = np.zeros(sp.cp.R, bool)
     rows[row] = True
-    live = np.flatnonzero(holding(sp, rows))
-    if live.size == 0:
-        return ball(sp, int(rng.integers(sp.n)), budget, rng)
-    return _within(sp, live, budget, rng)
+    return _within(sp, np.flatnonzero(holding(sp, rows)), budget, rng)
 
 
 def binding(sp: Space, U: np.ndarray, budget: int, rng: np.random.Generator,
@@ -185,10 +184,8 @@ def binding(sp: Space, U: np.ndarray, budget: int, rng: np.random.Generator,
     if not rows.any():
         rows[int(np.argmax(U))] = True
     live = np.flatnonzero(holding(sp, rows))
-    if live.size == 0:
-        return ball(sp, int(rng.integers(sp.n)), budget, rng)
     inS = np.zeros(sp.n, bool)
     inS[live] = True
-    if size_of(sp, live, inS) <= budget:
+    if live.size and size_of(sp, live, inS) <= budget:
         return live
     return _within(sp, live, budget, rng)

@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from autoshard._compact import Compact
-from autoshard._moves import (costly_node, Prices, State, top_strategies, dp_move, kernel_move,
+from autoshard._moves import (best_few, costly_node, Prices, State, dp_move, kernel_move,
                               lns_move, node_moves, pair_moves)
 from autoshard._neighbourhood import ball, binding, window
 from autoshard._space import Space
@@ -74,9 +74,7 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
 
     def few(c: int) -> np.ndarray:
         """Each node's ``c`` best strategies by score and by the dual's costs."""
-        th = theta() if theta else None
-        keep = top_strategies(sp, sp.scores(st.x), c)
-        return keep | top_strategies(sp, th, c) if th is not None else keep
+        return best_few(sp, st.x, theta() if theta else None, c)
 
     def descend() -> None:
         """Node and pair moves after a gain, until neither improves."""
