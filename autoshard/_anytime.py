@@ -34,7 +34,8 @@ from autoshard._space import Space
 __all__ = ["compact_presolve", "anytime", "AnytimeResult"]
 
 
-def compact_presolve(red: Reduced, mem: MemoryRows | None, limit: float | None) -> tuple[Compact, dict]:
+def compact_presolve(red: Reduced, mem: MemoryRows | None,
+                     limit: float | None) -> tuple[Compact, dict]:
     """Contract bijections and drop dominated strategies until nothing changes.
 
     Raises :class:`autoshard._compact.Infeasible` if some node loses every strategy.
@@ -84,9 +85,10 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             bound_share: float = 0.15, every: float = 5.0, workers: int = 1,
             restart_after: float | None = None, chunk: float | None = None,
             max_budget: int = 200_000, max_elite: int = 8, hot_share: float | None = None,
-            hot_rate: float = 0.02, near_gap: float = 0.03,
+            hot_rate: float = 0.02, near_gap: float = 0.03, deep_min: float = 30.0,
             report: Callable[[float, np.ndarray, float], None] | None = None,
-            inbox: Callable[[], tuple[float, np.ndarray, float] | None] | None = None) -> AnytimeResult:
+            inbox: Callable[[], tuple[float, np.ndarray, float] | None] | None = None,
+            ) -> AnytimeResult:
     """Improve ``x0`` (a compact plan that fits memory) and bound the optimum.
 
     The search runs in chunks of at most 20 s, each continuing the current *run* from
@@ -110,7 +112,12 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     the plan when it is better, and the bound tells it when it is near). ``chunk`` and
     ``max_budget`` (largest LNS sub-problem) are for tests; ``stats["run_ends"]`` lists
     the best objective of every run that ended. Near the bound, search chunks make no
-    random kicks (``kicks=False``).
+    random kicks (``kicks=False``). A best plan within ``near_gap`` of the bound (other
+    than the one the last such solve left) has its kernel (2 strategies per node, the
+    dual's costs) solved by the MIP itself, with the time left but a tenth of the limit
+    when that is at least ``deep_min`` seconds, then node and pair moves: the LP dive
+    that made the jump cannot trade memory at the limit (IOPDDL M: the MIP and the
+    moves take jump plans 4.99321e10 / 4.99540e10 to 4.99179e10 / 4.99375e10 in 33 / 29 s).
     """
     t0 = time.perf_counter()
     deadline = t0 + time_limit
@@ -125,7 +132,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     trace, btrace = [(0.0, best)], []
     stats: dict = dict(search={}, dual_sweeps=0, fixings=0, runs=1, peer_best=0, run_ends=[],
                        merges=0, merge_better=0, hot_kernels=0, hot_kernel_better=0,
-                       peer_merges=0, peer_merge_better=0)
+                       peer_merges=0, peer_merge_better=0, deep_kernels=0, deep_kernel_better=0)
     share, hot, polish = bound_share, False, False
     if hot_share is None:  # workers search: this process can give the dual more
         hot_share = 0.85 if workers > 1 else 0.6
@@ -136,6 +143,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     optimal, last_fix_bound = False, -math.inf
     run_x, run_obj, run_gain, budget, chunks = best_x, best, t0, 3000, 0
     peer_bound, shared, peer_merged = -math.inf, math.inf, math.nan
+    reserve, deep_for = 0.1 * time_limit, math.nan  # deep_for: the plan it left
 
     def bound_now() -> float:
         return max(dual.best, peer_bound)
@@ -209,11 +217,42 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
             if log:
                 log(f"merge of {len(elite)} plans: {best:.10g}")
 
+    def adopt(x: np.ndarray, obj: float, what: str) -> None:
+        """Take a better plan from a move of this process; the run goes on from it."""
+        nonlocal best_x, best, run_x, run_obj, run_gain
+        best_x, best = x, obj
+        trace.append((time.perf_counter() - t0, best))
+        tell()
+        if best < run_obj:
+            run_x, run_obj, run_gain = best_x, best, time.perf_counter()
+        if log:
+            log(f"{what}: {best:.10g}")
+
+    def deep_kernel() -> None:
+        """The best plan's kernel solved by the MIP with the time left but ``reserve``."""
+        nonlocal deep_for
+        st = State(sp, best_x)
+        secs = deadline - time.perf_counter() - reserve
+        if log:
+            log(f"near the bound: the kernel by the MIP for {secs:.0f}s")
+        gains, _, _ = kernel_move(st, dual.theta_at_best(), 2, secs, seed + 97, exact=True)
+        stats["deep_kernels"] += 1
+        if gains:
+            node_moves(st, deadline)
+            pair_moves(st, deadline)
+            stats["deep_kernel_better"] += 1
+            adopt(st.x, st.obj, "kernel by the MIP")
+            from_peers()  # merged with the workers' polish of the same plan
+        deep_for = best  # again only for a plan the search or the workers find after it
+
     dual.run(min(0.03 * time_limit, 10.0), best)  # first bound and ranking for the kernel moves
     btrace.append((time.perf_counter() - t0, dual.best))
     tell()
     while time.perf_counter() < deadline - 0.05 and not optimal:
         left = deadline - time.perf_counter()
+        if near(best) and best != deep_for and left - reserve >= deep_min:
+            deep_kernel()
+            continue
         chunks += 1
         dual_len = min(chunk * share / (1 - share), 1.5 * chunk)  # the dual chunk after it
         search_len = max(2.0, dual_len * (1 - share) / share) if hot and not polish else chunk
@@ -307,20 +346,14 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
                 # a kernel that moved the plan by 1% or more gets a full search chunk next
                 polish = st.obj < (1 - 0.01) * best
                 stats["hot_kernel_better"] += 1
-                best_x, best = st.x, st.obj
-                trace.append((time.perf_counter() - t0, best))
-                tell()
+                adopt(st.x, st.obj, f"kernel on the dual's costs (bound {b:.10g})")
                 if near(best):  # only polishing gains now: the search gets the time back
                     share = bound_share
-                if best < run_obj:
-                    run_x, run_obj, run_gain = best_x, best, time.perf_counter()
                 from_peers()  # the workers polish it too
-                if log:
-                    log(f"kernel on the dual's costs (bound {b:.10g}): {best:.10g}")
     if peers is not None:
         peers.close(wait=0.0 if optimal else deadline - time.perf_counter())
         from_peers()
-        stats["peer_errors"] = peers.errors
+        stats["peer_errors"], stats["peer_killed"] = peers.errors, peers.killed
     stats["dual_sweeps"] = dual.sweeps
     optimal = optimal or _proved(bound_now(), best)
     bound = best if optimal else bound_now()

@@ -57,7 +57,9 @@ class Portfolio:
         deadline = time.time() + time_limit
         self._lock = threading.Lock()
         self._best: tuple[float, np.ndarray | None, float] = (math.inf, None, -math.inf)
-        self.errors: list[str] = []
+        self.errors: list[str] = []   # workers that failed (their last stderr line)
+        self.killed = 0               # workers still running at close(), stopped there
+        self._stopping: set[int] = set()
         root = str(Path(__file__).resolve().parents[1])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in sys.path if p]))
         self._procs = []
@@ -82,7 +84,7 @@ class Portfolio:
                     b_obj, b_x = obj, x
                 self._best = (b_obj, b_x, max(b_bound, bound))
         err = proc.stderr.read().decode(errors="replace").strip()
-        if proc.wait() != 0:
+        if proc.wait() != 0 and proc.pid not in self._stopping:
             self.errors.append(err.splitlines()[-1] if err else f"exit status {proc.returncode}")
 
     def share(self, obj: float, x: np.ndarray, bound: float) -> None:
@@ -100,7 +102,8 @@ class Portfolio:
             return self._best
 
     def close(self, wait: float) -> None:
-        """Wait up to ``wait`` seconds for the workers' last reports, then stop them."""
+        """Wait up to ``wait`` seconds for the workers' last reports, then stop them
+        (counted in ``killed``, not in ``errors``)."""
         end = time.perf_counter() + max(wait, 0.0)
         for th in self._threads:
             th.join(max(end - time.perf_counter(), 0.0))
@@ -110,6 +113,8 @@ class Portfolio:
             except OSError:  # a broken pipe: the worker has gone
                 pass
             if proc.poll() is None:
+                self._stopping.add(proc.pid)
+                self.killed += 1
                 proc.kill()
                 proc.wait()
 

@@ -288,3 +288,59 @@ def test_kernel_on_the_dual_costs_keeps_plans_valid_and_the_gap_honest(seed: int
     assert ok and cost == pytest.approx(res.objective, rel=1e-12)
     tol = 1e-9 * max(1.0, abs(opt))
     assert res.bound <= opt + tol <= res.objective + 2 * tol
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_exact_kernel_is_the_best_plan_over_its_strategies(seed: int) -> None:
+    # oracle: every combination of the kernel's strategies (each node's current one and
+    # its best by score and by the given costs), priced by the evaluator
+    import itertools
+    from autoshard._compact import plan_of
+    from autoshard._moves import best_few, kernel_move
+    p = tied_problem(640 + seed, n=12, memory="tight")
+    cp = _compact(p)
+    sp = Space(cp)
+    x0 = start_plan(cp, sp)
+    theta = np.random.default_rng(seed).random(int(cp.off[-1]))
+    keep = best_few(sp, x0, theta, 1)
+    keep[cp.off[:-1] + x0] = True
+    choices = [np.flatnonzero(keep[cp.off[u]:cp.off[u + 1]]).tolist() for u in range(cp.n)]
+    best = math.inf
+    for choice in itertools.product(*choices):
+        cost, ok, _ = evaluate(p, plan_of(cp, np.array(choice)).tolist())
+        if ok:
+            best = min(best, cost)
+    st = State(sp, x0)
+    better, optimal, _ = kernel_move(st, theta, 1, 10.0, seed, exact=True)
+    assert optimal and better == (best < objective(cp, x0))
+    cost, ok, _ = evaluate(p, plan_of(cp, st.x).tolist())
+    assert ok and cost == pytest.approx(st.obj, rel=1e-12)
+    assert st.obj == pytest.approx(best, rel=1e-9)
+    assert all(int(st.x[u]) in choices[u] for u in range(cp.n))
+
+
+def test_near_the_bound_the_kernel_is_solved_by_the_mip() -> None:
+    # every plan counts as near the bound (near_gap 1.0): the exact kernel runs at once
+    # when deep_min allows it, and never in a run shorter than deep_min
+    from autoshard._anytime import anytime
+    from autoshard._compact import plan_of
+    p, opt, cp, x0 = _anytime_case(430, 30)
+    tol = 1e-9 * max(1.0, abs(opt))
+    for deep_min, runs in ((0.5, True), (30.0, False)):
+        res = anytime(cp, x0, 3.0, seed=1, chunk=0.3, max_budget=12, exact_entries=0,
+                      near_gap=1.0, deep_min=deep_min)
+        assert (res.stats["deep_kernels"] >= 1) == runs
+        assert res.stats["deep_kernel_better"] <= res.stats["deep_kernels"]
+        cost, ok, _ = evaluate(p, plan_of(cp, res.x).tolist())
+        assert ok and cost == pytest.approx(res.objective, rel=1e-12)
+        assert res.bound <= opt + tol <= res.objective + 2 * tol
+
+
+def test_workers_stopped_at_close_are_counted_apart_from_failures() -> None:
+    # a 60 s search stopped at once: both workers are still running, neither failed
+    from autoshard._portfolio import Portfolio
+    _, _, cp, x0 = _anytime_case(430, 20)
+    pf = Portfolio(cp, x0, 60.0, seeds=[1, 2])
+    pf.close(wait=0.0)
+    assert pf.killed == 2 and pf.errors == []
+    assert all(proc.poll() is not None for proc in pf._procs)
