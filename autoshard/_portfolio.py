@@ -58,8 +58,7 @@ class Portfolio:
         self._lock = threading.Lock()
         self._best: tuple[float, np.ndarray | None, float] = (math.inf, None, -math.inf)
         self.errors: list[str] = []   # workers that failed (their last stderr line)
-        self.killed = 0               # workers still running at close(), stopped there
-        self._stopping: set[int] = set()
+        self._stopping: set[int] = set()  # pids of the workers close() stopped
         root = str(Path(__file__).resolve().parents[1])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in sys.path if p]))
         self._procs = []
@@ -101,6 +100,11 @@ class Portfolio:
         with self._lock:
             return self._best
 
+    @property
+    def killed(self) -> int:
+        """Workers still running at :meth:`close`, stopped there."""
+        return len(self._stopping)
+
     def close(self, wait: float) -> None:
         """Wait up to ``wait`` seconds for the workers' last reports, then stop them
         (counted in ``killed``, not in ``errors``)."""
@@ -114,7 +118,6 @@ class Portfolio:
                 pass
             if proc.poll() is None:
                 self._stopping.add(proc.pid)
-                self.killed += 1
                 proc.kill()
                 proc.wait()
 
