@@ -93,9 +93,12 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
 
     The search runs in chunks of at most 20 s, each continuing the current *run* from
     its best plan; a run that has not improved for ``restart_after`` seconds (default a
-    tenth of the limit, at least 15 s) ends, and the next one starts again from ``x0``
-    with new random choices (the best plan overall is kept). IOPDDL V: runs from the
-    same start end in a few distinct local optima, and more runs reach the better ones.
+    twentieth of the limit, at least 15 s) ends as soon as it has (the search chunk
+    returns), and the next one starts again from ``x0`` with new random choices and the
+    dual's costs as they are then (the best plan overall is kept). IOPDDL V: runs end in
+    a few local optima (1,713,177 most often, 1,617,084 about one in six), which of
+    them depends on the dual's costs more than on the seed, so more runs reach the
+    better one.
     A run within ``near_gap`` of the bound is not ended, and the dual is not hot there:
     only polishing gains (IOPDDL M after its kernel jump, 1-1.8% above the bound), and
     each new worker plan is merged with the caller's.
@@ -139,7 +142,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     elite: list[np.ndarray] = []
     merge_time = max(2.0, 0.05 * time_limit)
     chunk = min(max(10.0, 0.12 * time_limit), 20.0) if chunk is None else chunk
-    restart_after = max(15.0, 0.1 * time_limit) if restart_after is None else restart_after
+    restart_after = max(15.0, 0.05 * time_limit) if restart_after is None else restart_after
     optimal, last_fix_bound = False, -math.inf
     run_x, run_obj, run_gain, budget, chunks = best_x, best, t0, 3000, 0
     peer_bound, shared, peer_merged = -math.inf, math.inf, math.nan
@@ -256,12 +259,16 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         chunks += 1
         dual_len = min(chunk * share / (1 - share), 1.5 * chunk)  # the dual chunk after it
         search_len = max(2.0, dual_len * (1 - share) / share) if hot and not polish else chunk
+        # a run that can still end returns once it has stalled restart_after in all
+        can_end = not near(run_obj) and left > 2 * restart_after
+        started = time.perf_counter()
         res = search(cp, run_x, min(search_len, left), seed=seed + 7919 * chunks, log=log,
                      bound=bound_now, every=every, sp=sp, budget=min(budget, max_budget),
                      max_budget=max_budget,
                      theta=lambda: dual.theta_at_best() if dual.snap is not None else None,
                      stop_at=bound_now() + 1e-9 * max(abs(best), 1.0),
-                     kicks=not near(run_obj))
+                     kicks=not near(run_obj),
+                     stall=max(restart_after - (started - run_gain), 1.0) if can_end else math.inf)
         for k, v in res.stats.items():
             if isinstance(v, (int, float)) and k != "budget":
                 stats["search"][k] = stats["search"].get(k, 0) + v
@@ -270,8 +277,8 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         for t, obj in res.trace[1:]:
             if obj < best:
                 trace.append((base + t, obj))
-        if res.objective < run_obj:
-            run_x, run_obj, run_gain = res.x, res.objective, time.perf_counter()
+        if res.objective < run_obj:  # dated by its last gain, for the stall rule
+            run_x, run_obj, run_gain = res.x, res.objective, started + res.trace[-1][0]
         if res.objective < best:
             best_x, best = res.x, res.objective
             tell()

@@ -48,7 +48,7 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
            every: float = 5.0, step_time: float = 0.5, budget: int = 3000,
            sp: Space | None = None, theta: Callable[[], np.ndarray | None] | None = None,
            stop_at: float = -math.inf, max_budget: int = 200_000,
-           kicks: bool = True) -> SearchResult:
+           kicks: bool = True, stall: float = math.inf) -> SearchResult:
     """Improve the feasible compact plan ``x0`` until ``time_limit`` seconds have passed
     (or the objective reaches ``stop_at``, e.g. a proven bound).
 
@@ -58,6 +58,9 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     ``stats["exhausted"]``: an exact sub-solve covered every node, the plan is optimal.
     ``kicks=False``: no restarts from a re-drawn region (for polishing a plan near the
     bound: on IOPDDL M a kick costs the rest of a 20 s chunk to climb back, if it does).
+    ``stall``: return once that many seconds pass without a better plan (kicks do not
+    count), so a caller can end a stuck run early (IOPDDL V: runs reach their plan in
+    2-15 s, then find nothing).
     """
     t0 = time.perf_counter()
     deadline = t0 + time_limit
@@ -87,19 +90,22 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         return min(max(10 * step_time, 0.25 * left), left)
 
     last_log, last_gain = t0 - every, t0  # first line right away
+    improved = t0  # last_gain, but not moved by kicks
 
     def note() -> None:
-        nonlocal best_x, best_obj, last_gain, since_gain
+        nonlocal best_x, best_obj, last_gain, since_gain, improved
         since_gain += 1
         if st.obj < best_obj:
             best_x, best_obj, last_gain, since_gain = st.x.copy(), st.obj, time.perf_counter(), 0
+            improved = last_gain
             trace.append((last_gain - t0, best_obj))
 
     stats["node_moves"] += node_moves(st, deadline)
     stats["pair_moves"] = pair_moves(st, deadline)
     note()
     it = 0
-    while time.perf_counter() < deadline and best_obj > stop_at:
+    while (time.perf_counter() < deadline and best_obj > stop_at
+           and time.perf_counter() - improved < stall):
         it += 1
         now = time.perf_counter()
         if log and now - last_log >= every:
