@@ -200,6 +200,34 @@ def test_restarted_runs_keep_the_best_plan_and_an_honest_gap(seed: int) -> None:
     assert res.objective - opt <= res.objective - res.bound + tol
 
 
+def test_search_returns_once_it_has_stalled() -> None:
+    # 26 nodes, LNS of at most 12 variables: the search stops improving long before 30 s
+    p, opt, cp, x0 = _anytime_case(401, 26)
+    res = search(cp, x0, 30.0, budget=12, max_budget=12, seed=0, stall=0.3)
+    last_gain = res.trace[-1][0]
+    assert res.stats["seconds"] >= last_gain + 0.3   # it waited out the stall ...
+    assert res.stats["seconds"] < 15.0                # ... and did not run to the limit
+    assert res.objective == pytest.approx(objective(cp, res.x), rel=1e-12)
+    assert (usage(cp, res.x) <= cp.limit).all()
+    assert res.objective >= opt - 1e-9 * abs(opt)
+
+
+def test_a_stalled_run_ends_within_its_chunk() -> None:
+    # chunks of 3 s but runs that stall after 0.2 s: each run ends as soon as it stalls,
+    # so a 5 s solve makes more runs than it has chunks (each run ended with its chunk
+    # before: 2 runs at most)
+    from autoshard._anytime import anytime
+    p, opt, cp, x0 = _anytime_case(400, 26)
+    res = anytime(cp, x0, 5.0, seed=0, restart_after=0.2, chunk=3.0, max_budget=12,
+                  exact_entries=0)
+    assert res.stats["runs"] >= 3, res.stats
+    assert len(res.stats["run_ends"]) == res.stats["runs"] - 1
+    assert res.objective <= min(res.stats["run_ends"])
+    assert (usage(cp, res.x) <= cp.limit).all()
+    tol = 1e-9 * max(1.0, abs(opt))
+    assert res.bound <= opt + tol <= res.objective + 2 * tol
+
+
 def test_a_run_near_the_bound_is_not_restarted() -> None:
     # the same stalling runs as above: with every plan counted as near the bound
     # (near_gap 1.0) the first run goes on to the end, and the result is as honest
