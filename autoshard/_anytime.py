@@ -96,7 +96,7 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     twentieth of the limit, at least 15 s) ends as soon as it has (the search chunk
     returns), and the next one starts again from ``x0`` with new random choices and the
     dual's costs as they are then (the best plan overall is kept). IOPDDL V: runs end in
-    a few local optima (1,713,177 most often, 1,617,084 about one in six), which of
+    a few local optima (1,713,177 most often, 1,617,084 about one in eight), which of
     them depends on the dual's costs more than on the seed, so more runs reach the
     better one.
     A run within ``near_gap`` of the bound is not ended, and the dual is not hot there:
