@@ -260,20 +260,21 @@ def anytime(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         dual_len = min(chunk * share / (1 - share), 1.5 * chunk)  # the dual chunk after it
         search_len = max(2.0, dual_len * (1 - share) / share) if hot and not polish else chunk
         # a run that can still end returns once it has stalled restart_after in all
-        can_end = not near(run_obj) and left > 2 * restart_after
+        near_run = near(run_obj)  # polishing: no kicks, no end
+        can_end = not near_run and left > 2 * restart_after
         started = time.perf_counter()
         res = search(cp, run_x, min(search_len, left), seed=seed + 7919 * chunks, log=log,
                      bound=bound_now, every=every, sp=sp, budget=min(budget, max_budget),
                      max_budget=max_budget,
                      theta=lambda: dual.theta_at_best() if dual.snap is not None else None,
                      stop_at=bound_now() + 1e-9 * max(abs(best), 1.0),
-                     kicks=not near(run_obj),
+                     kicks=not near_run,
                      stall=max(restart_after - (started - run_gain), 1.0) if can_end else math.inf)
         for k, v in res.stats.items():
             if isinstance(v, (int, float)) and k != "budget":
                 stats["search"][k] = stats["search"].get(k, 0) + v
         budget = res.stats["budget"]
-        base = time.perf_counter() - t0 - res.stats.get("seconds", 0.0)
+        base = started - t0
         for t, obj in res.trace[1:]:
             if obj < best:
                 trace.append((base + t, obj))

@@ -90,14 +90,12 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
         return min(max(10 * step_time, 0.25 * left), left)
 
     last_log, last_gain = t0 - every, t0  # first line right away
-    improved = t0  # last_gain, but not moved by kicks
 
     def note() -> None:
-        nonlocal best_x, best_obj, last_gain, since_gain, improved
+        nonlocal best_x, best_obj, last_gain, since_gain
         since_gain += 1
         if st.obj < best_obj:
             best_x, best_obj, last_gain, since_gain = st.x.copy(), st.obj, time.perf_counter(), 0
-            improved = last_gain
             trace.append((last_gain - t0, best_obj))
 
     stats["node_moves"] += node_moves(st, deadline)
@@ -105,7 +103,7 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     note()
     it = 0
     while (time.perf_counter() < deadline and best_obj > stop_at
-           and time.perf_counter() - improved < stall):
+           and time.perf_counter() - t0 - trace[-1][0] < stall):  # since a better plan
         it += 1
         now = time.perf_counter()
         if log and now - last_log >= every:
