@@ -46,10 +46,11 @@ def trace_training_step(model: nn.Module, batch: Sequence[torch.Tensor], *, lr: 
 
     names = [n for n, _ in model.named_parameters()]  # tied weights appear once
     n_p = len(names)
+    buffers: dict[str, torch.Tensor] = {}  # a meta model's buffers (rotary tables) as CPU fakes
 
     def step(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         params, m, v, data = flat[:n_p], list(flat[n_p:2 * n_p]), list(flat[2 * n_p:3 * n_p]), flat[3 * n_p:]
-        loss = functional_call(model, dict(zip(names, params)), tuple(data))
+        loss = functional_call(model, {**dict(zip(names, params)), **buffers}, tuple(data))
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():  # AdamW, as torch.optim's foreach path computes it (step count fixed)
             params = list(params)
@@ -68,10 +69,10 @@ def trace_training_step(model: nn.Module, batch: Sequence[torch.Tensor], *, lr: 
 
     if fake:
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            flat = [mode.from_tensor(t) if not isinstance(t, torch._subclasses.FakeTensor) else t
-                    for t in inputs()]
+            flat = [_fake(mode, t) for t in inputs()]
             for p in flat[:n_p]:
                 p.requires_grad_()
+            buffers.update((n, _fake(mode, b)) for n, b in model.named_buffers() if b.device.type == "meta")
             gm = make_fx(step, tracing_mode="real")(*flat)
     else:
         gm = make_fx(step)(*inputs())
@@ -81,6 +82,19 @@ def trace_training_step(model: nn.Module, batch: Sequence[torch.Tensor], *, lr: 
     groups = [[i, n_p + i, 2 * n_p + i] for i in range(n_p)]
     return graph_from_fx(gm, roles, labels, alias_groups=groups, grad_outputs=list(range(1, n_p + 1)),
                          name=name or type(model).__name__)
+
+
+def _fake(mode: Any, t: torch.Tensor) -> torch.Tensor:
+    """A fake tensor for ``t``; a ``meta`` tensor becomes a fake CPU tensor.
+
+    NOTE: on the meta device SDPA decomposes into bmm + softmax and the trace holds its
+    O(T^2) score matrices; on (fake) CPU it stays one fused op holding O(T) (output and
+    logsumexp), as the accelerators' fused kernels do. A fake CPU tensor holds no memory.
+    """
+    if t.device.type == "meta":
+        with mode:
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+    return t if isinstance(t, torch._subclasses.FakeTensor) else mode.from_tensor(t)
 
 
 def graph_from_fx(gm: torch.fx.GraphModule, roles: Sequence[str], names: Sequence[str], *,

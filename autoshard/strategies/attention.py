@@ -1,7 +1,11 @@
-"""Scaled dot-product attention (forward and backward): split batch and heads only.
+"""Fused attention (forward and backward): split batch and heads only.
 
 Query length is not split (a causal mask would need per-shard offsets), nor the head
-dim (it is contracted inside the softmax).
+dim (it is contracted inside the softmax). Every fused form is one op here: torch's SDPA
+(``aten.scaled_dot_product_attention`` and its ``_scaled_dot_product_*attention*``
+kernels) and the lazy core's ``xla_dtensor.attention`` / ``xla_dtensor.attention_backward``.
+Their memory is their outputs: O(T) per head (output and logsumexp), never the O(T^2)
+score matrix a fused kernel keeps in on-chip tiles.
 """
 from __future__ import annotations
 
@@ -12,10 +16,12 @@ from autoshard.strategies.registry import register
 
 _FWD = ("aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_flash_attention",
         "aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_cudnn_attention",
-        "aten.scaled_dot_product_attention")
+        "aten.scaled_dot_product_attention", "aten._scaled_dot_product_fused_attention_overrideable",
+        "xla_dtensor.attention")
 _BWD = ("aten._scaled_dot_product_flash_attention_for_cpu_backward",
         "aten._scaled_dot_product_flash_attention_backward",
-        "aten._scaled_dot_product_efficient_attention_backward")
+        "aten._scaled_dot_product_efficient_attention_backward", "aten._scaled_dot_product_cudnn_attention_backward",
+        "aten._scaled_dot_product_fused_attention_overrideable_backward", "xla_dtensor.attention_backward")
 
 
 def _labels(meta_ndim: int, shape: tuple[int, ...]) -> tuple:
