@@ -20,7 +20,13 @@ only on ``"xla"`` meshes (every other mesh takes torch's own code unchanged):
   so torch could not slice one (``dm["tp"]``, ``dm["dp", "tp"]``, and a flattened
   ``dm["dp_cp"]``); a sliced mesh's ``.mesh`` is the group holding the root's first
   device (one controller: every group runs the same program);
-* ``DeviceMesh.get_group``: a clear error instead of an ``IndexError``.
+* ``DeviceMesh.get_group``: a clear error instead of an ``IndexError``;
+* ``DeviceMesh.get_coordinate``: the coordinate of this process's first device in the
+  mesh (``None`` if it holds none), which DCP's planners ask of every DTensor;
+* ``PrepareModuleInput._prepare_input_arg`` / ``PrepareModuleOutput._prepare_out_fn``: on
+  an xla mesh they get our sharded tensors (DTensors) as plain lazy tensors, so they
+  constrain them to the declared layout instead of reading an undecided one (see
+  :mod:`xla_dtensor.spmd.styles`).
 """
 from __future__ import annotations
 
@@ -121,6 +127,18 @@ def slice_xla_mesh(device_mesh: Any, names: tuple[str, ...]) -> Any:
     return sub
 
 
+def _coordinate(grid: Any) -> tuple[int, ...] | None:
+    """The index in ``grid`` (nested lists of device ids) of this process's first device, else ``None``."""
+    import jax
+    import numpy as np
+    ids = np.asarray(grid)
+    mine = {d.id for d in jax.local_devices()}
+    for idx in np.ndindex(ids.shape):
+        if int(ids[idx]) in mine:
+            return tuple(int(i) for i in idx)
+    return None
+
+
 def _wrap_torch() -> None:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
@@ -163,9 +181,38 @@ def _wrap_torch() -> None:
             return orig(self, mesh_dim)
         return call
 
+    def get_coordinate(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def call(self: Any) -> Any:
+            if self.device_type != "xla":
+                return orig(self)
+            return _coordinate(self.mesh.tolist())
+        return call
+
+    def input_arg(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def call(self: Any, input: Any, mesh: Any, input_layout: Any, desired_layout: Any) -> Any:  # noqa: A002
+            if input_layout is not None and _is_xla(mesh):
+                from xla_dtensor.spmd.styles import as_plain
+                input = as_plain(input)  # noqa: A001
+            return orig(self, input, mesh, input_layout, desired_layout)
+        return call
+
+    def out_fn(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def call(self: Any, outputs: Any, device_mesh: Any) -> Any:
+            if _is_xla(device_mesh):
+                from xla_dtensor.spmd.styles import as_plain
+                outputs = as_plain(outputs)
+            return orig(self, outputs, device_mesh)
+        return call
+
+    from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleOutput
     for cls, name, make in ((DTensor, "from_local", lambda o: from_local(o.__func__)),
                             (DeviceMesh, "__getitem__", getitem), (DeviceMesh, "mesh", mesh),
-                            (DeviceMesh, "get_group", get_group)):
+                            (DeviceMesh, "get_group", get_group), (DeviceMesh, "get_coordinate", get_coordinate),
+                            (PrepareModuleInput, "_prepare_input_arg", input_arg),
+                            (PrepareModuleOutput, "_prepare_out_fn", out_fn)):
         orig = cls.__dict__[name]
         if not getattr(getattr(orig, "fget", orig), _MARK, False) and not getattr(
                 getattr(orig, "__func__", None), _MARK, False):

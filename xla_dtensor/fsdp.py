@@ -46,6 +46,9 @@ def shard_dim(shape: tuple[int, ...], n: int) -> int | None:
 def shard_model(model: nn.Module, mesh: Any, axis: str = "fsdp", *, shard_inputs: bool = True) -> nn.Module:
     """Shard ``model`` (moved to the jax device, in place) FSDP-style on mesh axis ``axis``.
 
+    A model on the ``meta`` device gets sharded meta parameters (and replicated meta
+    buffers) that ``model.to_empty(device=xla_dtensor.device())`` allocates shard by shard.
+
     Args:
         model: the module.
         mesh: a :class:`mesh.Mesh` or torch ``DeviceMesh("xla", ...)`` with an axis ``axis``.
@@ -54,11 +57,14 @@ def shard_model(model: nn.Module, mesh: Any, axis: str = "fsdp", *, shard_inputs
     """
     m = A.as_mesh(mesh)
     n = m.axis_size(axis)
-    model.to(device())
-    for p in model.parameters():
-        d = shard_dim(tuple(p.shape), n)
-        spec = tuple(axis if i == d else None for i in range(p.dim()))
-        A.mark_sharding(p.data if isinstance(p, nn.Parameter) else p, m, spec)
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        _shard_meta(model, m, axis, n)
+    else:
+        model.to(device())
+        for p in model.parameters():
+            d = shard_dim(tuple(p.shape), n)
+            spec = tuple(axis if i == d else None for i in range(p.dim()))
+            A.mark_sharding(p.data if isinstance(p, nn.Parameter) else p, m, spec)
     if shard_inputs:
         from torch.distributed.tensor.placement_types import Replicate, Shard
         placements = [Shard(0) if i == m.axis_index(axis) else Replicate() for i in range(m.ndim)]
@@ -70,6 +76,27 @@ def shard_model(model: nn.Module, mesh: Any, axis: str = "fsdp", *, shard_inputs
     return model
 
 
+
+
+def _shard_meta(model: nn.Module, m: Any, axis: str, n: int) -> None:
+    """A meta model: every parameter becomes a sharded meta tensor (``to_empty`` allocates
+    the shards; tied parameters stay tied), every buffer a replicated one."""
+    from torch.distributed.tensor.placement_types import Replicate, Shard
+    done: dict[int, Any] = {}
+    for sub in model.modules():
+        for store, is_param in ((sub._parameters, True), (sub._buffers, False)):
+            for key, t in list(store.items()):
+                if t is None:
+                    continue
+                new = done.get(id(t))
+                if new is None:
+                    d = shard_dim(tuple(t.shape), n) if is_param else None
+                    placements = [Shard(d) if i == m.axis_index(axis) and d is not None else Replicate()
+                                  for i in range(m.ndim)]
+                    new = distribute_tensor(t.detach(), m, placements)
+                    new = nn.Parameter(new, requires_grad=t.requires_grad) if is_param else new
+                    done[id(t)] = new
+                store[key] = new
 
 
 def _split(x: LazyTensor, m: Any, placements: list) -> LazyTensor:

@@ -160,6 +160,12 @@ class _Session:
 
     def __init__(self, t: LazyTensor) -> None:
         self.target = weakref.ref(t)
+        if value_of(t).fn is not None:
+            # NOTE: a pending value's layout is only final after a sync (an annotated one computed
+            # alone comes back unconstrained); another tensor's DTensor query (DCP's planner asks
+            # each target's device_mesh) may sync before this one flushes, so sync now
+            from xla_dtensor.core.executor import sync
+            sync()
         self.boxes = sorted(local_boxes(t, replica0_only=False))
         self.buffers: dict[tuple[int, ...], _Stage] = {}
         self.missing = sum(int(np.prod(b[1])) for b in self.boxes)

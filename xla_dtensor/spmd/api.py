@@ -36,7 +36,9 @@ def distribute_tensor(tensor: torch.Tensor, device_mesh: Any = None,
     """Lay ``tensor`` out on ``device_mesh`` by DTensor ``placements``.
 
     A CPU tensor is sent shard by shard (each device gets only its slice); a tensor on
-    the jax device is resharded. Uneven dims are padded internally; the result keeps the
+    the jax device is resharded; a ``meta`` tensor gives a sharded meta tensor that
+    remembers the layout, allocated shard by shard by ``module.to_empty``
+    (:mod:`xla_dtensor.spmd.meta_init`). Uneven dims are padded internally; the result keeps the
     logical shape. ``Partial`` placements: ``tensor`` is the global (reduced) value, as in
     torch; those mesh axes hold replicas and ``.placements`` reports the ``Partial``
     until the tensor is redistributed or written in place.
@@ -68,6 +70,11 @@ def distribute_tensor(tensor: torch.Tensor, device_mesh: Any = None,
     placements = list(placements) if placements is not None else [Replicate()] * m.ndim
     spec = ShardingSpec.from_placements(m, placements, tensor.dim())
     shape, dtype = tuple(tensor.shape), tensor.dtype
+    if tensor.is_meta:  # a meta module: the layout now, the shards at to_empty (spmd.meta_init)
+        from xla_dtensor.spmd.meta_init import meta_sharded
+        stride = tensor._meta[2] if isinstance(tensor, LazyTensor) else _contiguous(shape)
+        res = meta_sharded(shape, dtype, stride, spec, device_mesh)
+        return res.requires_grad_(tensor.requires_grad) if tensor.requires_grad else res
     if isinstance(tensor, LazyTensor):
         value = L.reshard(value_of(tensor), shape, dtype, spec.reduced())
         meta = (shape, dtype, tensor._meta[2])

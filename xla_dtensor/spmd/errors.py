@@ -13,6 +13,11 @@ class AlreadyDistributedError(RuntimeError):
     """``distribute_module`` was applied twice to the same module."""
 
 
+class MetaParameterError(RuntimeError):
+    """A sharded tensor still on the ``meta`` device was used as data (a forward before
+    ``to_empty``), copied out, or allocated on a device that is not the jax device."""
+
+
 class DependencyImportError(RuntimeError):
     """An ``ImportError`` raised inside xla_dtensor while torch's DTensor API called it.
 
@@ -21,4 +26,5 @@ class DependencyImportError(RuntimeError):
     """
 
 
-__all__ = ["AlreadyDistributedError", "DependencyImportError", "MeshDevicesError", "NotShardableError"]
+__all__ = ["AlreadyDistributedError", "DependencyImportError", "MeshDevicesError", "MetaParameterError",
+           "NotShardableError"]

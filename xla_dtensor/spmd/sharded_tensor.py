@@ -10,6 +10,14 @@ also remembers the placements it was given (``Partial`` included) until it is wr
 in place. Ops on it return ``XLAShardedTensor`` s (as torch_xla's does), whose layout
 is what XLA propagates.
 
+It is also a :class:`torch.distributed.tensor.DTensor` (a subclass, second base after
+``LazyTensor``), so torch's DTensor-aware code (``clip_grad_norm_``, DCP's planners,
+``get_state_dict``) takes its DTensor path. NOTE: every DTensor method torch's code calls
+resolves here first (``LazyTensor`` comes first in the MRO): ``__torch_dispatch__``
+records lazy ops (torch's DTensor dispatcher and its C++ fast path never see our
+tensors), and ``_spec`` / ``_local_tensor`` are computed from the layout (DTensor's
+slots stay unset).
+
 Single-controller semantics (one program for every device; see docs/spmd.md):
 
 * Values are global: shapes, ``full_tensor()`` and every op see the logical tensor; the
@@ -28,6 +36,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 import torch
+from torch.distributed.tensor import DTensor
 
 from mesh import Mesh
 from xla_dtensor.core.tensor import OUT as _OUT
@@ -52,7 +61,7 @@ class XLAShard:
     replica_id: int
 
 
-class XLAShardedTensor(LazyTensor):
+class XLAShardedTensor(LazyTensor, DTensor):
     """A lazy tensor with a layout on a device mesh; see the module doc.
 
     Example:
@@ -67,6 +76,10 @@ class XLAShardedTensor(LazyTensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
         from xla_dtensor.core.dispatch import dispatch
+        if func is _EMPTY_LIKE or func is _COPY:  # layout-keeping allocation and shard-by-shard host copies
+            res = _keep_layout(func, args, kwargs or {})
+            if res is not None:
+                return res
         out = _OUT
         prev, out.cls = out.cls, XLAShardedTensor  # new results are made sharded tensors at once
         try:
@@ -137,6 +150,28 @@ class XLAShardedTensor(LazyTensor):
         m = self.mesh
         return DeviceMesh("xla", m.get_logical_mesh().tolist(), mesh_dim_names=m.axis_names)
 
+    @property
+    def _spec(self) -> Any:
+        """torch's ``DTensorSpec`` of this tensor (mesh, placements, global shape, stride, dtype)."""
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+        meta = TensorMeta(self.shape, self.stride(), self.dtype)
+        return DTensorSpec(self.device_mesh, tuple(self.placements), tensor_meta=meta)
+
+    @_spec.setter
+    def _spec(self, value: Any) -> None:
+        """Ignored: the spec is derived from the layout (``torch.utils.swap_tensors`` swaps
+        DTensor's slots by assignment)."""
+
+    @property
+    def _local_tensor(self) -> LazyTensor:
+        """DTensor's local tensor: under single-controller SPMD the global value (see ``to_local``),
+        a plain lazy tensor sharing the storage, without autograd history."""
+        return self.global_tensor
+
+    @_local_tensor.setter
+    def _local_tensor(self, value: Any) -> None:
+        """Ignored, as for ``_spec``."""
+
     def _recorded(self) -> ShardingSpec | None:
         """The spec this tensor was made with, while it has not been written in place."""
         spec = getattr(self, "_dt_spec", None)
@@ -198,6 +233,9 @@ class XLAShardedTensor(LazyTensor):
                 "device's shard; pass the global tensor (and no shape), or distribute_tensor it")
         grad = spec.reduced() if grad_placements is None else ShardingSpec.from_placements(
             m, list(grad_placements), local_tensor.dim())
+        if local_tensor.is_meta:  # a meta module's parameter (SequenceParallel replicates by from_local)
+            from xla_dtensor.spmd.api import distribute_tensor
+            return distribute_tensor(local_tensor, device_mesh if device_mesh is not None else m, placements)
         if isinstance(local_tensor, LazyTensor):
             out = R.Relayout.apply(local_tensor, spec, grad)
         else:
@@ -298,6 +336,24 @@ class XLAShardedTensor(LazyTensor):
             layout = f"<unavailable: {type(e).__name__}>"
         return (f"XLAShardedTensor(shape={tuple(self.shape)}, dtype={self.dtype}, "
                 f"sharding={layout}, global_tensor={body})")
+
+
+_EMPTY_LIKE, _COPY = torch.ops.aten.empty_like.default, torch.ops.aten.copy_.default
+
+
+def _keep_layout(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``empty_like`` of an annotated tensor keeps its layout (``to_empty`` of a tied weight
+    met twice); a CPU tensor copied into one is placed shard by shard. ``None``: the
+    general path."""
+    from xla_dtensor.spmd import meta_init
+    t = args[0]
+    if not isinstance(t, XLAShardedTensor) or A.sticky_spec(t) is None:
+        return None
+    if func is _COPY:
+        return meta_init.copy_from_host(t, args[1]) if len(args) == 2 and not kwargs.get("non_blocking") else None
+    if set(kwargs) - {"dtype", "device", "layout", "pin_memory", "memory_format"}:
+        return None
+    return meta_init.empty_like(t, kwargs.get("device"), kwargs.get("dtype"))
 
 
 def _to_torch(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

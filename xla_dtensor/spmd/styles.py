@@ -25,6 +25,15 @@ torch would make from the layout torch knows the linear produces:
 
 The replacement reads the module's inputs as well (``takes_inputs``: ``distribute_module``
 passes them).
+
+The input functions of ``ColwiseParallel``, ``RowwiseParallel`` and ``SequenceParallel``
+(and ``PrepareModuleInput`` / ``PrepareModuleOutput``, wrapped by
+:mod:`xla_dtensor._torch_hook`) branch on ``isinstance(x, DTensor)``. Our sharded tensors
+are DTensors, and an op's result on a sharded parameter is one whose layout XLA has not
+decided yet: the DTensor branch would read its ``placements`` (running the step
+half-way) or skip the layout the style declares. So those functions get the value as a
+plain lazy tensor (:func:`as_plain`) and take their ``from_local`` branch: a constraint
+to the declared layout, as for any tensor.
 """
 from __future__ import annotations
 
@@ -39,12 +48,34 @@ from xla_dtensor.spmd import relayout as R
 from xla_dtensor.spmd.sharded_tensor import XLAShardedTensor
 
 
+def as_plain(x: Any) -> Any:
+    """``x`` as a plain (non-DTensor) lazy tensor sharing its storage, if it is a sharded
+    tensor; differentiable, the gradient left to the partitioner. Anything else as it is."""
+    if isinstance(x, XLAShardedTensor):
+        return R.Alias.apply(x, None)
+    if isinstance(x, tuple):
+        return tuple(as_plain(y) for y in x)
+    return x
+
+
+def _plain_inputs(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def input_fn(mod: Any, inputs: Any, mesh: Any) -> Any:
+        return fn(mod, as_plain(inputs), mesh)
+    return input_fn
+
+
 def translate(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` itself, or the SPMD replacement of a Colwise/Rowwise output function."""
-    if not isinstance(fn, functools.partial) or len(fn.args) != 2:
+    """``fn`` itself, or the SPMD replacement of a Colwise/Rowwise output function, or a
+    Colwise/Rowwise/SequenceParallel input function that sees plain tensors (module doc)."""
+    if not isinstance(fn, functools.partial):
         return fn
     from torch.distributed.tensor import Partial, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+    if fn.func in (ColwiseParallel._prepare_input_fn, RowwiseParallel._prepare_input_fn,
+                   SequenceParallel._prepare_input_fn):
+        return _plain_inputs(fn)
+    if len(fn.args) != 2:
+        return fn
     source = {ColwiseParallel._prepare_output_fn: Shard(-1),
               RowwiseParallel._prepare_output_fn: Partial()}.get(fn.func)
     if source is None:
