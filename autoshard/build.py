@@ -65,6 +65,7 @@ class Model:
     unknown_ops: list[str] = field(default_factory=list)
     generic_ops: dict[str, str] = field(default_factory=dict)  # op -> generic kind (strategies.generic)
     untied_groups: int = 0  # decision groups after follower/alias merging, before layer tying
+    fanouts: list[tuple[int, int]] = field(default_factory=list)  # problem node num_nodes + k reshards fanouts[k]
 
     def group_of(self) -> list[int]:
         """Index into :attr:`ties` for every node."""
@@ -269,7 +270,8 @@ def build_model(graph: Graph, topo: Topology, memory_limit: float | None = None,
                 uf.union(by_key[key], f)
             else:
                 by_key[key] = f
-    return Model(graph, topo, rules, strats, follows, problem, uf.groups(), unknown, generic, untied_groups)
+    return Model(graph, topo, rules, strats, follows, problem, uf.groups(), unknown, generic, untied_groups,
+                 list(fanouts))
 
 
 def _flexible_leader(rule: DimRule, node: Node, strats: list[list[Strategy]]) -> DimRule:
