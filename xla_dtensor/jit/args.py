@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from xla_dtensor.core.autocast import state as autocast_state
 from xla_dtensor.core.tensor import LazyTensor
 
 _SCALARS = (int, float, bool, str, complex, type(None))
@@ -76,21 +77,23 @@ def signature(args: tuple, kwargs: dict, flat: list, hidden: tuple = ()) -> tupl
         key += tuple([(k, _sig(v, flat)) for k, v in kwargs.items()])
     if hidden:
         key += ((HIDDEN, hidden),)
-    return key + (torch.is_grad_enabled(),)
+    return key + (torch.is_grad_enabled(), autocast_state())
 
 
 def describe_change(old: tuple, new: tuple) -> str:
     """Which argument differs between two signatures, in words.
 
     Example:
-        >>> describe_change(((int, 1), True), ((int, 2), True))
+        >>> describe_change(((int, 1), True, None), ((int, 2), True, None))
         'argument 0: (int, 1) -> (int, 2)'
     """
     if len(old) != len(new):
-        return f"number of arguments {len(old) - 1} -> {len(new) - 1}"
+        return f"number of arguments {len(old) - 2} -> {len(new) - 2}"
     for i, (a, b) in enumerate(zip(old, new)):
         if a != b:
             if i == len(old) - 1:
+                return f"autocast dtype on the device {a} -> {b}"
+            if i == len(old) - 2:
                 return f"torch.is_grad_enabled() {a} -> {b}"
             if _kind(a) == _kind(b) == HIDDEN:
                 return _hidden_change(a[1], b[1])
