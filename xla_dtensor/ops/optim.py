@@ -1,4 +1,4 @@
-"""The fused optimizer steps torch calls for ``Adam/AdamW/SGD/Adagrad(fused=True)``.
+"""The fused optimizer steps torch calls for ``Adam/AdamW/SGD/Adagrad(fused=True)``, and GradScaler's ops.
 
 ``torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, ...)``
 updates every parameter and its state in one op; on the ``jax`` device it is one node
@@ -11,6 +11,11 @@ The functional overloads (``_fused_adamw.default``, what functionalization produ
 one list per output group, as their schema says; the in-place overloads return the new
 values of every mutated list flattened, in schema order (the lazy core's in-place
 convention).
+
+``torch.amp.GradScaler("jax")`` (float16 autocast) calls two ops, lowered here as torch's
+CPU kernels compute them: ``_amp_foreach_non_finite_check_and_unscale_`` (each gradient
+times ``inv_scale``; ``found_inf`` set to 1 if any is inf or NaN) and ``_amp_update_scale_``
+(back off after an overflow, grow after ``growth_interval`` clean steps).
 
 Example:
     >>> import torch, jax.numpy as jnp
@@ -160,3 +165,36 @@ for _ops, _fn, _mutated in (
         ((aten._fused_adagrad_.default,), _adagrad_default, 4)):
     lowering(*_ops)(_fn if _mutated is None else _flattened(_fn, _mutated))
 del _ops, _fn, _mutated
+
+
+def _unscale(grads: list[Any], found_inf: Any, inv_scale: Any) -> tuple[list[Any], Any]:
+    """GradScaler's unscale: every gradient times ``inv_scale``, ``found_inf`` 1 if any is not finite."""
+    out, bad = [], jnp.zeros((), bool)
+    for g in grads:
+        out.append((g.astype(jnp.float32) * inv_scale.astype(jnp.float32)).astype(g.dtype))
+        bad = bad | ~jnp.all(jnp.isfinite(g))
+    return out, jnp.where(bad, jnp.ones_like(found_inf), found_inf)
+
+
+def _update_scale(scale: Any, growth_tracker: Any, found_inf: Any, scale_growth_factor: float,
+                  scale_backoff_factor: float, growth_interval: int) -> tuple[Any, Any]:
+    """GradScaler's new (scale, growth tracker), as torch's ``_amp_update_scale_cpu_``."""
+    inf = jnp.reshape(found_inf, ()) != 0
+    grown = growth_tracker + 1
+    grow = grown == growth_interval
+    bigger = scale * scale_growth_factor
+    grown_scale = jnp.where(jnp.isfinite(bigger), bigger, scale)  # torch keeps the scale if growing overflows
+    new_scale = jnp.where(inf, scale * scale_backoff_factor, jnp.where(grow, grown_scale, scale))
+    tracker = jnp.where(inf | grow, jnp.zeros_like(growth_tracker), grown)
+    return new_scale.astype(scale.dtype), tracker
+
+
+def _unscale_(grads: list[Any], found_inf: Any, inv_scale: Any) -> list[Any]:
+    """The in-place overload: the new gradients, then ``found_inf``."""
+    out, found = _unscale(grads, found_inf, inv_scale)
+    return [*out, found]
+
+
+lowering(aten._amp_foreach_non_finite_check_and_unscale.default)(_unscale)
+lowering(aten._amp_foreach_non_finite_check_and_unscale_.default)(_unscale_)
+lowering(aten._amp_update_scale.default, aten._amp_update_scale_.default)(_update_scale)

@@ -200,6 +200,36 @@ def test_sdpa_runs_in_low_precision(dev):
     assert out.dtype == BF16 and F.scaled_dot_product_attention(q, q, q).dtype == F32
 
 
+def test_float16_training_with_grad_scaler_matches_cpu(dev):
+    """GradScaler's unscale and scale update (xla_dtensor.ops.optim): an overflow step skipped and
+    backed off, clean steps grow the scale, losses and weights as on CPU."""
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)), torch.randn(16, 8)
+    runs = {}
+    for device in ("cpu", "jax"):
+        m = copy.deepcopy(model).to(device)
+        opt = _sgd(m.parameters())
+        scaler = torch.amp.GradScaler(device, init_scale=2.0 ** 18, growth_interval=2)
+        losses, scales = [], []
+        for _ in range(5):
+            with torch.autocast(device, dtype=torch.float16):
+                loss = m(x.to(device)).float().square().mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            losses.append(loss.item())
+            scales.append(scaler.get_scale())
+        runs[device] = losses, scales, [p.detach().cpu() for p in m.parameters()]
+    (cpu_losses, cpu_scales, cpu_params), (losses, scales, params) = runs["cpu"], runs["jax"]
+    assert scales == cpu_scales, (scales, cpu_scales)
+    steps = list(zip([2.0 ** 18] + cpu_scales, cpu_scales))
+    assert any(b < a for a, b in steps) and any(b > a for a, b in steps), cpu_scales  # backed off and grown
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(cpu_losses), rtol=1e-2, atol=0)
+    for p, q in zip(params, cpu_params):
+        torch.testing.assert_close(p, q, rtol=1e-2, atol=1e-3)
+
+
 # -- the autocast state: queries, nesting, bad input ----------------------------------------
 def test_state_queries_nested_and_disabled_regions(dev):
     lin = torch.nn.Linear(4, 4).to(dev)
