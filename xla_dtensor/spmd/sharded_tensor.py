@@ -113,6 +113,11 @@ class XLAShardedTensor(LazyTensor, DTensor):
             from xla_dtensor.core.executor import sync
             sync()
             spec = self.spec
+        if spec is None and self._chain:  # a view (say a gradient torch transposed twice): its array's layout
+            from xla_dtensor.core.executor import materialize
+            arr = materialize(self)
+            if isinstance(arr, jax.Array):
+                spec = A._spec_of_array(arr, self.dim())
         if spec is None:  # a single-device array
             import jax as _jax
             return ShardingSpec.replicated(Mesh([_jax.devices()[0].id], (1,)), self.dim())

@@ -2,10 +2,10 @@
 AUTO), allocated shard by shard by ``to_empty``, initialized or loaded, trains like torch CPU.
 
 The oracle is torch CPU eager: the same seeded model (built on CPU) and batches, 3 AdamW steps,
-losses equal at rtol 1e-3 (the integration matrix's tolerance). Host memory: a subprocess
-measures the peak RSS growth of ``to_empty`` + init + ``sync()`` of a ~64 MB model against its
-parameter bytes, and the same figure for the whole-tensor path (CPU init, then
-``distribute_tensor``) as the control the bound must catch.
+losses equal at rtol 1e-3 (the integration matrix's tolerance). Host memory: a fresh
+subprocess measures the peak RSS growth of ``to_empty`` + init + ``sync()`` of a 64 MiB model
+against its parameter bytes (virtual CPU devices live in host memory, so the shards count:
+1.0x is the floor; a whole-tensor host copy of every parameter adds 1.0x more).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import xla_dtensor
 import xla_dtensor.spmd as xs
@@ -118,3 +118,83 @@ def test_meta_layout_to_empty_load_trains_like_cpu(reference, name: str, mode: s
         assert any(any(s != "R" for s in plan.placements[n]) for n, _ in model.named_parameters()
                    if n in plan.placements) or any(any(s != "R" for s in v) for k, v in plan.placements.items()
                                                    if k.startswith("input:"))
+
+
+def _memory(init: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, str(Path(__file__).with_name("_meta_memory.py")), init],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_to_empty_and_init_stay_within_the_shards_in_host_memory() -> None:
+    """``to_empty`` + a constant init + ``sync()`` stays below 1.3x the parameter bytes (measured
+    0.83-0.94x on the 2-core machine). Random init (``reset_parameters``) is not bounded here:
+    the init program's threefry bits are temporaries of each device's shard, and how many
+    partitions run at once varies (measured 1.17-1.91x); its values are checked instead."""
+    fill = _memory("fill")
+    assert fill["grown"] < 1.3 * fill["param_bytes"], fill
+    reset = _memory("reset")
+    # random init is distributed right: uniform(-b, b) has std b/sqrt(3), every shard its own values
+    assert abs(reset["std"] - reset["bound"] / 3 ** 0.5) < 0.05 * reset["std"], reset
+    assert reset["distinct_shards"] == 8, reset
+
+
+def test_bad_input_is_named() -> None:
+    with torch.device("meta"):
+        lin = nn.Linear(8, 16)
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+    mesh = xs.init_device_mesh("xla", (8,))
+    parallelize_module(lin, mesh, ColwiseParallel())
+    with pytest.raises(MetaParameterError, match=r"still on the meta device.*to_empty"):
+        lin(torch.ones(2, 8).to(xla_dtensor.device()))
+    with pytest.raises(MetaParameterError, match=r"on cpu: its shards live on the jax devices"):
+        lin.to_empty(device="cpu")
+    with pytest.raises(MetaParameterError, match="has no data"):
+        lin.to(xla_dtensor.device())
+    assert lin.weight.is_meta  # a failed to_empty / to changed nothing
+    lin.to_empty(device=xla_dtensor.device())
+    assert tuple(lin.weight.placements) == (Shard(0),)
+
+
+def test_dcp_load_into_a_meta_built_module_and_dtensor_paths(tmp_path) -> None:
+    """dcp.save of a CPU model, dcp.load straight into a meta-built TP module; torch's DTensor
+    code (clip_grad_norm_, get_state_dict) sees DTensors and computes what CPU computes."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    def mlp() -> nn.Module:
+        return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))
+    torch.manual_seed(0)
+    ref = mlp()
+    dcp.save(ref.state_dict(), checkpoint_id=str(tmp_path / "c"))
+    with torch.device("meta"):
+        model = mlp()
+    mesh = xs.init_device_mesh("xla", (8,))
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    model.to_empty(device=xla_dtensor.device())
+    sd = model.state_dict()
+    assert all(isinstance(v, DTensor) for v in sd.values())
+    dcp.load(sd, checkpoint_id=str(tmp_path / "c"))
+    for k, v in ref.state_dict().items():
+        assert torch.equal(model.state_dict()[k].full_tensor().cpu(), v), k
+    assert model[0].weight.placements == (Shard(0),) and model[2].weight.placements == (Shard(1),)
+    x = torch.randn(4, 8)
+    for m, inp in ((ref, x), (model, x.to(xla_dtensor.device()))):
+        m(inp).square().sum().backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+    assert isinstance(norm, DTensor)
+    torch.testing.assert_close(norm.full_tensor().cpu(), ref_norm, rtol=1e-5, atol=1e-6)
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-6, msg=n)  # clipped like CPU
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt.step()
+    msd, osd = get_state_dict(model, opt)
+    assert all(isinstance(v, DTensor) for v in msd.values())
+    assert all(isinstance(s["exp_avg"], DTensor) for s in osd["state"].values())
+    w = model[0].weight
+    assert w.to_local().shape == w.shape  # single controller: the local value is the global one
+    assert w.redistribute(mesh, [Replicate()]).placements == (Replicate(),)
