@@ -34,6 +34,10 @@ class Config:
             nll_loss) and raise torch's error at the next barrier (``True``); let XLA
             clamp them (``False``); ``None`` (default): check in eager mode only.
             See ``xla_dtensor/core/index_checks.py``.
+        fused_attention: record ``F.scaled_dot_product_attention`` (lazy mode and
+            ``compile``) as one attention op lowered to the platform's fused kernel
+            (cuDNN on GPU, Pallas on TPU, XLA's math on CPU); ``False``: torch's
+            decomposition into primitive ops. See ``xla_dtensor/core/sdpa.py``.
     """
 
     cpu_fallback: bool = False
@@ -43,6 +47,7 @@ class Config:
     compile_check_every: int = 50
     recompile_warn_limit: int = 8
     check_indices: bool | None = None
+    fused_attention: bool = True
 
     def __setattr__(self, name: str, value: object) -> None:
         if name not in type(self).__dataclass_fields__:
@@ -53,6 +58,8 @@ class Config:
         if name in ("compile_check_every", "recompile_warn_limit") and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if name == "fused_attention" and not isinstance(value, bool):
+            raise ValueError(f"fused_attention must be True or False, got {value!r}")
         if name == "check_indices" and value not in (None, True, False):
             raise ValueError(f"check_indices must be True, False or None (eager mode only), got {value!r}")
         object.__setattr__(self, name, value)

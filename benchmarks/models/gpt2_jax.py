@@ -51,8 +51,12 @@ def _linear(x: jnp.ndarray, p: dict) -> jnp.ndarray:
     return x @ p["w"].T + p["b"]
 
 
-def _attention(x: jnp.ndarray, p: dict, n_head: int) -> jnp.ndarray:
+def _attention(x: jnp.ndarray, p: dict, n_head: int, attention: str = "math") -> jnp.ndarray:
     b, t, c = x.shape
+    if attention != "math":  # jax's fused API: "xla" or "cudnn" (BTNH layout)
+        q, k, v = (_linear(x, p[n]).reshape(b, t, n_head, c // n_head) for n in ("q", "k", "v"))
+        y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=attention)
+        return _linear(y.reshape(b, t, c), p["o"])
     heads = lambda y: y.reshape(b, t, n_head, c // n_head).transpose(0, 2, 1, 3)  # noqa: E731
     q, k, v = heads(_linear(x, p["q"])), heads(_linear(x, p["k"])), heads(_linear(x, p["v"]))
     # NOTE: a Python float, not np.sqrt: with x64 on (xla_dtensor enables it) a numpy float64 is not
@@ -63,12 +67,16 @@ def _attention(x: jnp.ndarray, p: dict, n_head: int) -> jnp.ndarray:
     return _linear(y.transpose(0, 2, 1, 3).reshape(b, t, c), p["o"])
 
 
-def loss_fn(params: dict, idx: jnp.ndarray, targets: jnp.ndarray, n_head: int) -> jnp.ndarray:
-    """Mean cross-entropy of the model on ``idx`` -> ``targets``."""
+def loss_fn(params: dict, idx: jnp.ndarray, targets: jnp.ndarray, n_head: int, attention: str = "math") -> jnp.ndarray:
+    """Mean cross-entropy of the model on ``idx`` -> ``targets``.
+
+    ``attention``: ``"math"`` (einsum, mask, softmax, einsum), or the ``implementation`` of
+    ``jax.nn.dot_product_attention`` (``"xla"``, ``"cudnn"``).
+    """
     t = idx.shape[1]
     x = params["wte"][idx] + params["wpe"][jnp.arange(t)]
     for blk in params["h"]:
-        x = x + _attention(_layer_norm(x, blk["ln_1"]), blk, n_head)
+        x = x + _attention(_layer_norm(x, blk["ln_1"]), blk, n_head, attention)
         h = jax.nn.gelu(_linear(_layer_norm(x, blk["ln_2"]), blk["fc"]), approximate=True)
         x = x + _linear(h, blk["proj"])
     logits = _layer_norm(x, params["ln_f"]) @ params["wte"].T
