@@ -133,8 +133,12 @@ def find_layers(graph: Graph) -> Layers | None:
     if found is None:
         return None
     prefix, layer_of = found
-    label = _labels(graph, layer_of)
-    n_layers = max(layer_of.values()) + 1
+    label, members, a, b = _run(graph, _labels(graph, layer_of), max(layer_of.values()) + 1)
+    return Layers(label, members, a, b, prefix)
+
+
+def _run(graph: Graph, label: list[int], n_layers: int) -> tuple[list[int], list[list[int]], int, int]:
+    """The layers' members and the longest run of copies of the middle layer around it."""
     members: list[list[int]] = [[] for _ in range(n_layers)]
     for v, k in enumerate(label):
         if k >= 0:
@@ -150,7 +154,7 @@ def find_layers(graph: Graph) -> Layers | None:
         a -= 1
     while b + 1 < n_layers and same[b + 1]:
         b += 1
-    return Layers(label, members, a, b, prefix)
+    return label, members, a, b
 
 
 def _copies(graph: Graph, label: list[int], pos: list[int], members: list[list[int]], k: int, r: int) -> bool:
@@ -201,6 +205,8 @@ def reduce_graph(graph: Graph, layers: Layers) -> Reduced:
             raise ValueError(f"node {graph.nodes[v].name} (layer {lv}) reads {graph.nodes[src].name} of dropped layer "
                              f"{label[src]}; only the adjacent kept layers may")
         k = kept_layer[slot[lv] + label[src] - lv]
+        if members[k][pos[src]] not in new_id:
+            raise ValueError(f"node {graph.nodes[v].name} would read a later node of layer {k}: the layers interleave")
         return new_id[members[k][pos[src]]]
 
     for n in graph.nodes:

@@ -104,7 +104,10 @@ def prepare(graph: Graph, topo: Topology, memory_limit: float | None, pinned: di
     layers = find_layers(graph)
     if layers is None or layers.last - layers.first + 1 < MIN_LAYERS:
         return None
-    red = reduce_graph(graph, layers)
+    try:
+        red = reduce_graph(graph, layers)
+    except ValueError:  # the layers interleave in execution order: no reduced graph keeps the schedule
+        return None
     names = {n.name for n in red.graph.nodes if n.op == "placeholder"}
     pins = {k: v for k, v in (pinned or {}).items() if k in names}
     model = build_model(red.graph, topo, memory_limit, pinned=pins)
@@ -165,8 +168,8 @@ def _baselines(lay: Layered, kinds: tuple[str, ...], budget: float | None) -> li
     free = fold_ties(lay.problem_at(0, None), lay.ties)
     model = replace(lay.model, problem=lay.problem_at(0, None))
     out = []
-    for name in BASELINES:
-        rules = baseline_axes(name, model.topology.axis_names, kinds)
+    for name in (*BASELINES, "fsdp_tp"):
+        rules = _rules(name, model.topology.axis_names, kinds)
         if rules is None:
             continue
         pinned = {}
@@ -182,6 +185,13 @@ def _baselines(lay: Layered, kinds: tuple[str, ...], budget: float | None) -> li
                 break
         out.append(best)
     return out
+
+
+def _rules(name: str, axes: tuple[str, ...], kinds: tuple[str, ...]) -> tuple[str, ...] | None:
+    """Per-axis rules of a manual layout; ``fsdp_tp`` is FSDP on every axis but the last, TP on the last."""
+    if name == "fsdp_tp":
+        return ("fsdp",) * (len(axes) - 1) + ("tp",) if len(axes) >= 2 else None
+    return baseline_axes(name, axes, kinds)
 
 
 def solve_layered(graph: Graph, mesh: Mesh | None, topo: Topology, memory_budget: float | None = None,
@@ -215,6 +225,10 @@ def solve_layered(graph: Graph, mesh: Mesh | None, topo: Topology, memory_budget
         folded = fold_ties(prob, lay.ties)
         ok = [b for b in base if evaluate(prob, b["strategies"])[1]]
         warm = folded.fold(min(ok, key=lambda b: evaluate(prob, b["strategies"])[0])["strategies"]) if ok else None
+        if all(len(c) == 1 for c in folded.problem.node_costs) and not evaluate(prob, [0] * prob.num_nodes)[1]:
+            say(f"remat {r}: the only plan does not fit")  # nothing to choose (a 1-device mesh)
+            tried[r] = None
+            return None
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
