@@ -81,7 +81,8 @@ FP32_SET_OPT_DTYPE: tuple[str, ...] = (
     "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum", "linalg_vector_norm",
     "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum", "sum.dim_IntList",
 )
-FP32_APPEND_DTYPE: dict[str, str] = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
+FP32_APPEND_DTYPE: dict[str, str] = {  # op -> the overload it redispatches to, with dtype=float32
+    "norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
 PROMOTE: tuple[str, ...] = (
     "addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler", "index_put",
     "tensordot", "scatter_add",
@@ -167,17 +168,14 @@ def _promote(current: torch.dtype, x: Any) -> torch.dtype:
         f"expected float32 or the autocast dtype {current} (torch's CUDA autocast refuses this too)")
 
 
-def _lower(op: Any) -> Callable[..., Any]:
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        args, kwargs = _cast_all(args, kwargs, lower_dtype())
-        with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):
-            return op(*args, **kwargs)
-    return kernel
+def _float32() -> torch.dtype:
+    return _F32
 
 
-def _fp32(op: Any) -> Callable[..., Any]:
+def _casting(op: Any, target: Callable[[], torch.dtype]) -> Callable[..., Any]:
+    """The kernel of a LOWER_PRECISION (``target=lower_dtype``) or FP32 (``target=_float32``) op."""
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        args, kwargs = _cast_all(args, kwargs, _F32)
+        args, kwargs = _cast_all(args, kwargs, target())
         with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):
             return op(*args, **kwargs)
     return kernel
@@ -240,8 +238,8 @@ def _overload(name: str) -> Any:
 
 
 def _registrations() -> list[tuple[str, Callable[..., Any]]]:
-    regs = [(n, _lower(_overload(n))) for n in LOWER_PRECISION]
-    regs += [(n, _fp32(_overload(n))) for n in FP32]
+    regs = [(n, _casting(_overload(n), lower_dtype)) for n in LOWER_PRECISION]
+    regs += [(n, _casting(_overload(n), _float32)) for n in FP32]
     regs += [(n, _set_opt_dtype(_overload(n))) for n in FP32_SET_OPT_DTYPE]
     regs += [(n, _append_dtype(_overload(n), _overload(t))) for n, t in FP32_APPEND_DTYPE.items()]
     regs += [(n, _promoting(_overload(n))) for n in PROMOTE]
