@@ -16,7 +16,9 @@ solves it for a number ``R`` of checkpointed middle layers:
 
 ``R = 0`` is tried first; if the memory budget is below every plan's peak, the
 smallest feasible ``R`` is found by bisection (feasibility only grows with ``R``), and
-a few larger ``R`` are tried in case recomputing more buys a cheaper layout. A user's
+a few larger ``R`` are tried in case recomputing more buys a cheaper layout; so is the
+``R`` of any manual layout cheaper than the plans found (warm-started from it, so the
+plan is never worse than the best manual layout). A user's
 own ``torch.utils.checkpoint`` regions are in the trace already (their recomputation
 is traced in the backward), so they are modelled as written.
 
@@ -257,6 +259,10 @@ def solve_layered(graph: Graph, mesh: Mesh | None, topo: Topology, memory_budget
             lo, hi = (lo, mid) if attempt(mid) is not None else (mid, hi)
         for extra in sorted({min(w, hi + max(1, w // 4)), min(w, hi + max(1, w // 2))} - {hi}):
             attempt(extra)
+    done = [t[0].objective for t in tried.values() if t is not None]
+    for b in sorted(base, key=lambda b: b["cost"]):  # a manual layout cheaper at its own R: solve at that R too
+        if b["feasible"] and b["cost"] < min(done, default=math.inf):
+            attempt(b["remat"])
     best_r = min((r for r, t in tried.items() if t is not None), key=lambda r: (tried[r][0].objective, r))
     sol, folded, prob = tried[best_r]
     strategies = folded.expand(sol.strategies)
