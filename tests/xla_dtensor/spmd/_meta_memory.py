@@ -13,10 +13,12 @@ import os
 import resource
 import sys
 
+import jax
 import torch
 from torch import nn
 
 import xla_dtensor
+from xla_dtensor.core.tensor import value_of
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 WIDTH, LAYERS = 2048, 4  # 4 x 2048 x 2048 float32 weights: 64 MiB (+ 32 KiB of biases)
@@ -27,7 +29,22 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _reset_peak() -> None:
+    """Start the peak RSS over from the current RSS (Linux: ``5`` to ``/proc/self/clear_refs``)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def _peak() -> int:
+    """This process's peak RSS: ``VmHWM`` (NOTE: not ``ru_maxrss``, which after ``exec`` starts at
+    the parent's peak: a pytest parent's hundreds of MB)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -48,6 +65,7 @@ def main(path: str) -> None:
     with torch.device("meta"):
         model = _model()
     parallelize_module(model, mesh, _plan())
+    _reset_peak()
     before = _rss()
     model.to_empty(device=xla_dtensor.device())
     with torch.no_grad():
@@ -58,6 +76,7 @@ def main(path: str) -> None:
                 m.weight.fill_(0.5)
                 m.bias.zero_()
     xla_dtensor.sync()
+    jax.block_until_ready([value_of(p).data for p in model.parameters()])  # NOTE: sync() returns before the program ends
     grown = _peak() - before
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     w = model[0].weight
