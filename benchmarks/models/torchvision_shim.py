@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import torch
 
@@ -35,11 +36,25 @@ def _defined(name: str) -> bool:
     return True
 
 
+def _load_ops(origin: str | None) -> bool:
+    """Load torchvision's C++ ops library if it loads here (a torchvision built for this torch)."""
+    for path in Path(origin or ".").parent.glob("_C*.so"):
+        try:
+            torch.ops.load_library(str(path))
+        except (OSError, RuntimeError):
+            return False
+        return True
+    return False
+
+
 def install() -> bool:
     """Define the missing ``torchvision::`` schemas; ``True`` if any was missing."""
-    if importlib.util.find_spec("torchvision") is None:
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None:
         return False
     missing = [n for n in _SCHEMAS if not _defined(n)]
+    if missing and _load_ops(spec.origin):  # a working torchvision (say CUDA torch with its CUDA build)
+        missing = [n for n in _SCHEMAS if not _defined(n)]
     if not missing:
         return False
     lib = torch.library.Library("torchvision", "FRAGMENT")  # noqa: TOR901  (schemas only)

@@ -31,13 +31,21 @@ import torch
 from xla_dtensor import metrics
 from xla_dtensor.config import config
 from xla_dtensor.core.tensor import LazyTensor
-from xla_dtensor.ops.fused_attention import ATTENTION, ATTENTION_BACKWARD
+from xla_dtensor.ops.fused_attention import ATTENTION, ATTENTION_BACKWARD, refusal, warn_once
 
 aten = torch.ops.aten
 _FLASH = 1  # torch's SDPBackend.flash_attention as _fused_sdp_choice returns it
 _CHOICE: dict[tuple, int] = {}  # (q, k, v metadata, is_causal, scale, flash enabled) -> CPU's choice
 WHEN: list[Callable[[], bool]] = [lambda: False]  # set by xla_dtensor.eager: eager mode on, not tracing
 _LIB = torch.library.Library("aten", "IMPL")  # noqa: TOR901  (kept alive: the registration lives with it)
+_PLATFORM: list[str] = []  # jax's default backend, read at the first fused call
+
+
+def _platform() -> str:
+    if not _PLATFORM:
+        import jax
+        _PLATFORM.append(jax.default_backend())
+    return _PLATFORM[0]
 
 
 def _cpu_choice(q: LazyTensor, k: LazyTensor, v: LazyTensor, is_causal: bool, scale: float | None) -> int:
@@ -110,6 +118,10 @@ def _sdpa(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
             return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale)[0]
     elif fusable(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa):
         metrics.incr("fused_attention")
+        why = refusal(_platform(), str(q.dtype).removeprefix("torch."), q.shape[-1])
+        if why:
+            metrics.incr("fused_attention_fallbacks")
+            warn_once(why)
         boolean = attn_mask is not None and attn_mask.dtype == torch.bool
         mask, bias = (attn_mask, None) if boolean else (None, attn_mask)
         s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

@@ -12,9 +12,10 @@ was lowered into the same program (a lazy step that syncs after ``backward()``, 
 ``xla_dtensor.compile`` step), the backward reuses the forward's residuals (the output
 and softmax statistics) instead of recomputing the forward.
 
-A GPU/TPU call that the fused kernel refuses (say float32 on cuDNN) is lowered with XLA's
-math, counted in ``metrics.counters()["fused_attention_fallbacks"]`` with a warning once
-per reason.
+A call the platform's fused kernel cannot take (float32 or a head size over 128 on cuDNN,
+see :func:`refusal`) is lowered with XLA's math: counted in
+``metrics.counters()["fused_attention_fallbacks"]`` where it is recorded, with a warning
+once per reason; so is (warned, not counted) a call jax's kernel refuses while lowering.
 
 Example:
     >>> import torch, jax.numpy as jnp
@@ -76,16 +77,36 @@ def _bthd(x: jax.Array) -> jax.Array:
     return jnp.swapaxes(x, 1, 2)
 
 
-def _refused(kernel: str, error: Exception) -> None:
-    metrics.incr("fused_attention_fallbacks")
-    reason = f"{kernel}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+def refusal(platform: str, dtype: str, head_dim: int) -> str | None:
+    """Why ``platform``'s fused kernel cannot take a call (``None``: it can); ``dtype`` by name.
+
+    Example:
+        >>> refusal("gpu", "float32", 64)
+        'cuDNN attention takes bfloat16/float16, not float32'
+        >>> refusal("gpu", "bfloat16", 64) is None, refusal("cpu", "float32", 64) is None
+        (True, True)
+    """
+    if platform != "gpu":
+        return None
+    if dtype not in ("bfloat16", "float16"):
+        return f"cuDNN attention takes bfloat16/float16, not {dtype}"
+    if head_dim % 8 or head_dim > 128:
+        return f"cuDNN attention takes head sizes that are multiples of 8 up to 128, not {head_dim}"
+    return None
+
+
+def warn_once(reason: str) -> None:
+    """One warning per distinct reason that a call runs on XLA's math instead of the fused kernel."""
     if reason not in _WARNED:
         _WARNED.add(reason)
-        warnings.warn(f"xla_dtensor attention: the fused kernel refused this call ({reason}); lowered with "
-                      "XLA's math instead (counted in metrics 'fused_attention_fallbacks')", stacklevel=2)
+        warnings.warn(f"xla_dtensor attention: {reason}; this call runs XLA's math instead of the fused kernel "
+                      "(counted in metrics 'fused_attention_fallbacks')", stacklevel=3)
 
 
 def _xla(q: jax.Array, k: jax.Array, v: jax.Array, mask: Any, bias: Any, is_causal: bool, scale: float) -> jax.Array:
+    if q.dtype == jnp.float16 and jax.default_backend() == "cpu":  # XLA:CPU has no f16 x f16 -> f32 dot
+        return _xla(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), mask, bias, is_causal,
+                    scale).astype(q.dtype)
     return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
                                         implementation="xla")
 
@@ -126,13 +147,14 @@ def kernel_for(platform: str) -> str:
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: Any, bias: Any, is_causal: bool,
             scale: float) -> jax.Array:
     """Attention in jax's ``[B, L, H, E]`` layout, on the default backend's fused kernel."""
-    name, fused = _KERNELS.get(jax.default_backend(), ("xla", _xla))
-    if fused is _xla:
+    platform = jax.default_backend()
+    name, fused = _KERNELS.get(platform, ("xla", _xla))
+    if fused is _xla or refusal(platform, q.dtype.name, q.shape[-1]):  # counted where the op was recorded
         return _xla(q, k, v, mask, bias, is_causal, scale)
     try:
         return fused(q, k, v, mask, bias, is_causal, scale)
     except (ValueError, NotImplementedError, TypeError, RuntimeError) as error:
-        _refused(name, error)
+        warn_once(f"{name} refused the call ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
         return _xla(q, k, v, mask, bias, is_causal, scale)
 
 
