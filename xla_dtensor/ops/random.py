@@ -27,6 +27,7 @@ import torch
 
 from xla_dtensor.ops.dtypes import cast, default_float, to_jax, torch_dtype
 from xla_dtensor.ops.registry import lowering
+from xla_dtensor.ops import threefry
 
 aten = torch.ops.aten
 _MASK32 = 0xFFFFFFFF
@@ -115,7 +116,7 @@ def _float(dtype: torch.dtype | None) -> Any:
 
 def _uniform(key: Any, shape: Sequence[int], dt: Any, low: Any = 0.0, high: Any = 1.0) -> jax.Array:
     gen = dt if dt in (jnp.float32, jnp.float64) else jnp.float32
-    return jax.random.uniform(key, tuple(shape), gen, low, high).astype(dt)
+    return threefry.uniform(key, tuple(shape), gen, low, high).astype(dt)
 
 
 @lowering(aten.rand.default, aten.rand.generator, random=True)
@@ -126,7 +127,7 @@ def _rand(key: Any, size: Sequence[int], *, dtype: torch.dtype | None = None, **
 @lowering(aten.randn.default, aten.randn.generator, random=True)
 def _randn(key: Any, size: Sequence[int], *, dtype: torch.dtype | None = None, **_: Any) -> jax.Array:
     dt = _float(dtype)
-    return jax.random.normal(key, tuple(size), dt if dt in (jnp.float32, jnp.float64) else jnp.float32).astype(dt)
+    return threefry.normal(key, tuple(size), dt if dt in (jnp.float32, jnp.float64) else jnp.float32).astype(dt)
 
 
 @lowering(aten.rand_like.default, random=True)
@@ -175,7 +176,7 @@ def _uniform_op(key: Any, x: jax.Array, from_: Any = 0.0, to: Any = 1.0, **_: An
 
 def _normal(key: Any, mean: Any, std: Any, shape: tuple[int, ...], dt: Any) -> jax.Array:
     gen = dt if dt in (jnp.float32, jnp.float64) else jnp.float32
-    return (jax.random.normal(key, shape, gen) * std + mean).astype(dt)
+    return (threefry.normal(key, shape, gen) * std + mean).astype(dt)
 
 
 @lowering(aten.normal_functional.default, random=True)
@@ -199,20 +200,20 @@ def _normal_float(key: Any, mean: float, std: float, size: Sequence[int], *, dty
 @lowering(aten.bernoulli.default, aten.bernoulli.Tensor, random=True)
 def _bernoulli(key: Any, x: jax.Array, p: Any = None, **_: Any) -> jax.Array:
     probs = x if p is None else p
-    u = jax.random.uniform(key, x.shape, jnp.float32 if x.dtype != jnp.float64 else jnp.float64)
+    u = threefry.uniform(key, x.shape, jnp.float32 if x.dtype != jnp.float64 else jnp.float64)
     return (u < jnp.broadcast_to(probs, x.shape).astype(u.dtype)).astype(x.dtype)
 
 
 @lowering(aten.bernoulli.p, random=True)
 def _bernoulli_p(key: Any, x: jax.Array, p: Any = 0.5, **_: Any) -> jax.Array:
-    u = jax.random.uniform(key, x.shape, jnp.float64 if x.dtype == jnp.float64 else jnp.float32)
+    u = threefry.uniform(key, x.shape, jnp.float64 if x.dtype == jnp.float64 else jnp.float32)
     return (u < p).astype(x.dtype)
 
 
 @lowering(aten.exponential.default, random=True)
 def _exponential(key: Any, x: jax.Array, lambd: Any = 1.0, **_: Any) -> jax.Array:
     gen = x.dtype if x.dtype in (jnp.float32, jnp.float64) else jnp.float32
-    return (jax.random.exponential(key, x.shape, gen) / lambd).astype(x.dtype)
+    return (-jnp.log1p(-threefry.uniform(key, x.shape, gen)) / lambd).astype(x.dtype)
 
 
 @lowering(aten.random.default, aten.random.to, getattr(aten.random, "from"), random=True)
@@ -253,7 +254,7 @@ def _native_dropout(key: Any, x: jax.Array, p: float, train: bool | None) -> tup
         return x, jnp.ones(x.shape, jnp.bool_)
     if p == 1:
         return jnp.zeros_like(x), jnp.zeros(x.shape, jnp.bool_)
-    keep = jax.random.uniform(key, x.shape, jnp.float32) >= p
+    keep = threefry.uniform(key, x.shape, jnp.float32) >= p
     return jnp.where(keep, x * cast(1.0 / (1.0 - p), torch_dtype(x)), jnp.zeros((), x.dtype)), keep
 
 

@@ -1,10 +1,18 @@
-"""Peak host memory of materializing a ~64 MB model on 8 virtual CPU devices (run as a script).
+"""Peak host memory of materializing a 256 MiB model on 8 virtual CPU devices (run as a script).
 
 ``python _meta_memory.py INIT``: meta build -> Colwise/Rowwise -> ``to_empty`` -> INIT ->
 ``sync()``, where INIT is ``fill`` (``weight.fill_``, ``bias.zero_``) or ``reset`` (each
 ``nn.Linear.reset_parameters()``: random uniform). Prints JSON: the peak RSS growth over the
 RSS before the step, and the model's parameter bytes. Virtual CPU devices live in host
 memory, so the shards themselves count (1x for a model sharded without replication).
+
+Controls (the measurement can fail): ``host`` loads a state dict built whole on the host
+(the checkpoint-in-memory path: 1x on the host plus the 1x of shards); ``reset_jax_random`` is ``reset`` with the random lowering
+drawing through ``jax.random.uniform`` (whose CPU threefry is a rolled loop: unfused,
+full-size uint32 temporaries) instead of ``xla_dtensor.ops.threefry``.
+
+NOTE: the model is 256 MiB because compiling the init program costs a fixed ~10-20 MB of host
+memory (measured: the same init a second time, from the executable cache, grows 1.004x).
 """
 from __future__ import annotations
 
@@ -21,7 +29,7 @@ import xla_dtensor
 from xla_dtensor.core.tensor import value_of
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-WIDTH, LAYERS = 2048, 4  # 4 x 2048 x 2048 float32 weights: 64 MiB (+ 32 KiB of biases)
+WIDTH, LAYERS = 4096, 4  # 4 x 4096 x 4096 float32 weights: 256 MiB (+ 64 KiB of biases)
 
 
 def _rss() -> int:
@@ -62,15 +70,22 @@ def main(path: str) -> None:
     parallelize_module(warm, mesh, ColwiseParallel())
     xla_dtensor.sync()
     (warm.weight * 2).sum().item()
+    if path == "reset_jax_random":
+        from xla_dtensor.ops import threefry
+        threefry.uniform = lambda key, shape, dtype, low=0.0, high=1.0: jax.random.uniform(key, shape, dtype, low, high)
     with torch.device("meta"):
         model = _model()
     parallelize_module(model, mesh, _plan())
     _reset_peak()
     before = _rss()
     model.to_empty(device=xla_dtensor.device())
+    if path == "host":
+        model.load_state_dict(_model().state_dict())  # NOTE: the whole model on the host, then its shards
     with torch.no_grad():
         for m in model:
-            if path == "reset":
+            if path == "host":
+                pass
+            elif path.startswith("reset"):
                 m.reset_parameters()
             else:
                 m.weight.fill_(0.5)
