@@ -24,12 +24,19 @@ _BWD = ("aten._scaled_dot_product_flash_attention_for_cpu_backward",
         "aten._scaled_dot_product_fused_attention_overrideable_backward", "xla_dtensor.attention_backward")
 
 
-def _labels(meta_ndim: int, shape: tuple[int, ...]) -> tuple:
-    if meta_ndim == 4:
-        return ("b", "h", None, None)
-    if meta_ndim == 3:
-        return ("b", "h", None)  # logsumexp [B, H, L]
-    return tuple(None for _ in shape)
+_Q = ("b", "h", None, None)  # query, key, value, output: [B, H, L, E]
+
+
+def _labels(shape: tuple[int, ...], q_shape: tuple[int, ...]) -> tuple:
+    """Batch/head labels of one operand: a logsumexp ``[B, H, L]``, or a tensor right-aligned
+    against the query's ``[B, H, L, E]`` (masks and biases broadcast: their size-1 dims stay whole)."""
+    if len(shape) == 3 and len(q_shape) == 4 and tuple(shape) == tuple(q_shape[:3]):
+        labels: tuple = ("b", "h", None)
+    elif len(shape) <= 4:
+        labels = _Q[4 - len(shape):]
+    else:
+        labels = (None,) * len(shape)
+    return tuple(None if d == 1 else label for d, label in zip(shape, labels))
 
 
 def _flops(q_shape: tuple[int, ...], k_shape: tuple[int, ...]) -> float:
@@ -39,10 +46,10 @@ def _flops(q_shape: tuple[int, ...], k_shape: tuple[int, ...]) -> float:
 
 def _rule(node: Node, graph: Graph, scale: float) -> DimRule:
     metas = ins(node, graph)
-    in_labels = tuple(_labels(m.ndim, m.shape) for m in metas)
-    out_labels = tuple(_labels(o.ndim, o.shape) for o in node.outputs)
-    qi = next(i for i, m in enumerate(metas) if m.ndim == 4)
-    return DimRule(in_labels, out_labels, flops=scale * _flops(metas[qi].shape, metas[qi].shape))
+    q = next(m for m in metas if m.ndim == 4).shape
+    in_labels = tuple(_labels(m.shape, q) for m in metas)
+    out_labels = tuple(_labels(o.shape, q) for o in node.outputs)
+    return DimRule(in_labels, out_labels, flops=scale * _flops(q, q))
 
 
 @register(*_FWD)

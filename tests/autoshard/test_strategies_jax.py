@@ -147,6 +147,24 @@ def test_sdpa_splits_batch_and_heads():
     check_op(strategies, [q, k, v], [out, lse], local_attn)
 
 
+def test_fused_attention_with_a_broadcast_bias_still_splits_batch_and_heads():
+    """``xla_dtensor.attention`` with an additive bias [1, H, L, S] (T5's position bias): the
+    bias's size-1 batch dim stays whole, so batch splits remain (were refused: AUTO replicated T5)."""
+    q, k, v, bias = _r(2, 4, 8, 8), _r(2, 4, 8, 8), _r(2, 4, 8, 8), _r(1, 4, 8, 8)
+
+    def attend(a, b, c, m, xp):
+        s = a @ xp.swapaxes(b, -1, -2) * 0.5 + m
+        e = xp.exp(s - s.max(-1, keepdims=True))
+        return (e / e.sum(-1, keepdims=True)) @ c
+
+    strategies, _ = node_strategies("xla_dtensor.attention.default", [q, k, v, bias],
+                                    (None, None, None, None, None, False, 0.5), [(2, 4, 8, 8)])
+    assert {p[1] for st in strategies for p in st.in_specs[0] if p != "R"} == {0, 1}
+    assert all(p == "R" or p[1] == 1 for st in strategies for p in st.in_specs[3])  # bias: heads only
+    check_op(strategies, [q, k, v, bias], [attend(q, k, v, bias, np)],
+             lambda st, a, b, c, m: [attend(a, b, c, m, jnp)])
+
+
 def test_optimizer_foreach_follows_parameter():
     p, m, d = _r(8, 16), _r(8, 16), np.abs(_r(8, 16)) + 1
     _check("aten._foreach_addcdiv_.Scalar", [p, m, d], (None, None, None, -0.01), [p - 0.01 * m / d],
