@@ -21,8 +21,10 @@ Example:
 from __future__ import annotations
 
 import os
+import sys
+import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -42,6 +44,47 @@ _CACHE: dict[tuple, Plan] = {}
 # how solve() answered: "solves" (ran the solver), "memory_hits", "disk_hits"
 STATS: Counter[str] = Counter()
 _SLOW_LINKS = ("dcn", "infiniband")
+CLUSTER_MIN_LAYERS = 4  # cluster (cluster=None) from this many identical interior layers: below, little to gain
+PROGRESS_AFTER_S = 5.0  # the default progress reporter stays silent for solves shorter than this
+
+
+class _Progress:
+    """Progress lines to stderr, but only once a solve has run :data:`PROGRESS_AFTER_S` (earlier lines
+    are held back and written then), so short solves print nothing."""
+
+    def __init__(self) -> None:
+        self.t0, self.held, self.live = time.perf_counter(), [], False
+
+    def __call__(self, msg: str) -> None:
+        line = f"autoshard: {msg}"
+        if not self.live and time.perf_counter() - self.t0 < PROGRESS_AFTER_S:
+            self.held.append(line)
+            return
+        if not self.live:
+            self.live = True
+            for held in self.held:
+                print(held, file=sys.stderr)
+        print(line, file=sys.stderr, flush=True)
+
+
+def _clusters(graph: Graph, cluster: bool | None, pins: tuple = ()) -> bool:
+    """Whether :func:`solve` takes the clustered path (``cluster``: True forces it, False never, None when it
+    pays and no user pin names a parameter of a layer the clustering drops)."""
+    if cluster is False:
+        return False
+    from autoshard.cluster import find_layers
+
+    layers = find_layers(graph)
+    run = 0 if layers is None else layers.last - layers.first + 1
+    if cluster is True:
+        if run < 3:
+            raise ValueError(f"cluster=True: the graph has no run of at least 3 identical layers (found {run})")
+        return True
+    if run < CLUSTER_MIN_LAYERS:
+        return False
+    names = {k for k, _ in pins}
+    return not any(n.name in names for n in graph.nodes
+                   if n.op == "placeholder" and layers.first + 2 <= layers.label[n.id] <= layers.last - 1)
 
 
 def axis_kinds(mesh: Mesh | None, topo: Topology) -> tuple[str, ...]:
@@ -55,7 +98,8 @@ def axis_kinds(mesh: Mesh | None, topo: Topology) -> tuple[str, ...]:
 def solve(graph: Graph, mesh: Mesh | None, topology: Topology | str = "tpu-v5e",
           memory_budget: float | None = None, time_limit: float = 60.0, *, verbose: bool = False,
           cache: bool = True, cache_dir: str | os.PathLike | bool | None = None,
-          pinned: Mapping[str, Any] | None = None) -> Plan:
+          pinned: Mapping[str, Any] | None = None, cluster: bool | None = None,
+          progress: Callable[[str], None] | bool | None = None) -> Plan:
     """Choose a sharding for every tensor of ``graph`` minimizing modelled step time.
 
     Args:
@@ -71,6 +115,12 @@ def solve(graph: Graph, mesh: Mesh | None, topology: Topology | str = "tpu-v5e",
             (``$XLA_DTENSOR_CACHE_DIR/plans`` or ``~/.cache/xla_dtensor/plans``); False: memory only.
         pinned: placeholder name -> :data:`autoshard.spec.Spec` the plan must keep (user
             hints); its alias group (gradient, optimizer state) follows.
+        cluster: layer clustering (:func:`autoshard.layered.solve_layered`: repeated layers
+            solved once, activation checkpointing chosen by the plan). None: when the graph
+            has at least :data:`CLUSTER_MIN_LAYERS` identical interior layers; True: always
+            (ValueError without 3); False: never.
+        progress: a callable taking one line per solver phase (clustered path), False for
+            none; None prints them to stderr once a solve has run :data:`PROGRESS_AFTER_S`.
 
     Raises:
         MemoryBudgetError: the budget is below the smallest feasible plan's peak; the
@@ -80,17 +130,37 @@ def solve(graph: Graph, mesh: Mesh | None, topology: Topology | str = "tpu-v5e",
     if memory_budget is not None and not memory_budget > 0:
         raise ValueError(f"memory_budget must be a positive number of bytes or None, got {memory_budget!r}")
     pins = tuple(sorted((str(k), tuple(v)) for k, v in (pinned or {}).items()))
-    key = (graph.fingerprint(), None if mesh is None else hash(mesh), topo, memory_budget, time_limit, pins)
+    clustered = _clusters(graph, cluster, pins)
+    key = (graph.fingerprint(), None if mesh is None else hash(mesh), topo, memory_budget, time_limit, pins, clustered)
     if cache and key in _CACHE:
         STATS["memory_hits"] += 1
         return _CACHE[key]
     disk = open_cache(cache_dir) if cache else None
-    disk_key = plan_key(graph, mesh, topo, memory_budget, time_limit, pins) if disk is not None else ""
+    disk_key = plan_key(graph, mesh, topo, memory_budget, time_limit, pins + (("clustered", clustered),) * clustered) \
+        if disk is not None else ""
     if disk is not None and (hit := disk.get(disk_key)) is not None:
         STATS["disk_hits"] += 1
         _CACHE[key] = hit
         return hit
     STATS["solves"] += 1
+    if clustered:
+        from autoshard.layered import solve_layered
+
+        say = _Progress() if progress is None else (progress or None)
+        plan = solve_layered(graph, mesh, topo, memory_budget, time_limit, verbose=verbose, pinned=dict(pins),
+                             progress=say)
+    else:
+        plan = _solve_flat(graph, mesh, topo, memory_budget, time_limit, verbose, pins)
+    if cache:
+        _CACHE[key] = plan
+    if disk is not None:
+        disk.put(disk_key, plan)
+    return plan
+
+
+def _solve_flat(graph: Graph, mesh: Mesh | None, topo: Topology, memory_budget: float | None, time_limit: float,
+                verbose: bool, pins: tuple) -> Plan:
+    """The unclustered solve: every node of ``graph`` a decision (ties folded)."""
     model = build_model(graph, topo, memory_budget, pinned=dict(pins))
     folded = fold_ties(model.problem, model.ties)
     baselines = run_baselines(model, folded, axis_kinds(mesh, topo))
@@ -104,12 +174,7 @@ def solve(graph: Graph, mesh: Mesh | None, topology: Topology | str = "tpu-v5e",
         raise RuntimeError(f"solver found no plan: {sol.status.value} after {sol.solve_time:.1f}s "
                            f"(time_limit={time_limit}); raise the time limit or the memory budget")
     strategies = folded.expand(sol.strategies)
-    plan = make_plan(model, folded, strategies, sol, baselines)
-    if cache:
-        _CACHE[key] = plan
-    if disk is not None:
-        disk.put(disk_key, plan)
-    return plan
+    return make_plan(model, folded, strategies, sol, baselines)
 
 
 def _named_memory_error(err: MemoryBudgetError, folded: Folded, model: Model) -> MemoryBudgetError:

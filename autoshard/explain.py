@@ -32,6 +32,7 @@ def render(plan: Plan, limit: int = 40) -> str:
     mem = ", ".join(f"{k} {_b(v)}" for k, v in plan.memory.items())
     con.print(f"memory per device: {mem}")
     _guard(con, plan)
+    _layers(con, plan)
     generic = plan.stats.get("generic_ops") or {}
     if generic:
         con.print("ops planned by the generic rule: " + ", ".join(f"{op} ({kind})" for op, kind in generic.items()))
@@ -77,3 +78,22 @@ def _guard(con: Console, plan: Plan) -> None:
     for r in rows:
         table.add_row(r["node"], r["op"], _t(r["extra_s"]), r["why"])
     con.print(table)
+
+
+def _layers(con: Console, plan: Plan) -> None:
+    """Which layers were clustered (solved once) and which the plan checkpoints (:mod:`autoshard.layered`)."""
+    cl = plan.stats.get("clustering")
+    if not cl:
+        return
+    a, b = cl["identical"]
+    con.print(f"layer clustering: {cl['prefix']}.{a}..{b} of {cl['layers']} layers are identical; solved as layers "
+              f"{', '.join(map(str, cl['kept']))} with {cl['prefix']}.{cl['kept'][1]} standing for {cl['weight']} "
+              f"({cl['graph_nodes']} -> {cl['reduced_nodes']} graph nodes)")
+    rm = plan.stats.get("remat") or {}
+    if rm.get("count"):
+        names = ", ".join(f"{cl['prefix']}.{k}" for k in rm["layers"])
+        con.print(f"activation checkpointing: {rm['count']} layers ({names}); each frees "
+                  f"{_b(rm['saved_bytes_per_layer'])} of saved activations and recomputes "
+                  f"{_t(rm['recompute_s_per_layer'])} of forward")
+    else:
+        con.print("activation checkpointing: none (every layer keeps its activations)")

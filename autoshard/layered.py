@@ -285,6 +285,11 @@ def _widen(plan: Plan, graph: Graph, lay: Layered, strategies: list[int], remat:
             plan.placements[n.name] = spec[rep]
             plan.shapes[n.name] = n.out.shape
             plan.roles[n.name] = n.role
+        elif n.op != "placeholder" and n.name not in plan.activations:  # a dropped layer's op: the middle one's layout
+            rep = red.graph.nodes[red.of_full[n.id]].name
+            if rep in plan.activations:
+                plan.activations[n.name] = plan.activations[rep]
+                plan.shapes[n.name] = n.out.shape
     layers = red.layers
     middle = list(range(layers.first + 1, layers.last))
     chosen = _spread(middle, remat)

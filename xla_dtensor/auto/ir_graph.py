@@ -110,6 +110,18 @@ def graph_from_ir_with_nodes(storages: Sequence[Storage] | None = None, *, param
     return b.build(), b.ir_of
 
 
+def _recording_order(order: list[Node]) -> list[Node]:
+    """``order`` (a DFS from the roots) sorted by creation, as the step was recorded: forward, backward
+    (each weight gradient next to its layer's other backward ops), optimizer. Layer clustering
+    labels ops by the layer whose parameter was read last in this order. Kept as the DFS gave it
+    where creation order is not topological (never expected: a node's inputs exist before it)."""
+    ranked = sorted(order, key=lambda n: n.seq)
+    at = {id(n): i for i, n in enumerate(ranked)}
+    if all(at.get(id(x), -1) < i for i, n in enumerate(ranked) for x in n.inputs if id(x) in at):
+        return ranked
+    return order
+
+
 def _storage(x: Any) -> Storage:
     if isinstance(x, Storage):
         return x
@@ -253,7 +265,7 @@ class _Builder:
                 else:
                     seen.add(id(nxt))
                     stack.append((nxt, iter(self._edges(nxt))))
-        return order
+        return _recording_order(order)
 
     # -- ops ------------------------------------------------------------------------------------
     def _ref(self, consumer: Node, i: int) -> Ref:

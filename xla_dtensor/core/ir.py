@@ -10,6 +10,7 @@ Identical (op, static arguments, input objects) return the same node object
 """
 from __future__ import annotations
 
+import itertools
 import operator
 import weakref
 from typing import Any, Callable
@@ -17,6 +18,7 @@ from typing import Any, Callable
 from xla_dtensor import metrics
 
 DATA, PARAM, GETITEM = "data", "param", "getitem"
+_SEQ = itertools.count()
 
 
 class Node:
@@ -24,15 +26,18 @@ class Node:
 
     ``fn(*input_values)`` computes it inside the traced JAX function; leaves have
     ``fn is None`` and carry ``data`` (a ``jax.Array`` / numpy array, or a Python scalar
-    for parameters). ``sharding`` is an optional constraint applied after ``fn``.
+    for parameters). ``sharding`` is an optional constraint applied after ``fn``. ``seq``
+    counts creation: a node's inputs have smaller ``seq`` (recording order, which the AUTO
+    graph writer keeps so layer clustering sees forward, backward and optimizer in turn).
     """
 
-    __slots__ = ("op", "key", "inputs", "hash", "fn", "data", "sharding", "__weakref__")
+    __slots__ = ("op", "key", "inputs", "hash", "fn", "data", "sharding", "seq", "__weakref__")
 
     def __init__(self, op: Any, key: Any, inputs: tuple[Node, ...], h: int,
                  fn: Callable[..., Any] | None, data: Any = None) -> None:
         self.op, self.key, self.inputs, self.hash, self.fn, self.data = op, key, inputs, h, fn, data
         self.sharding = None
+        self.seq = next(_SEQ)
 
     @property
     def is_leaf(self) -> bool:

@@ -74,6 +74,11 @@ class AutoPolicy:
             False: memory only).
         constrain_activations: constrain decision ops' outputs to the plan's layouts
             every step (False: only parameters, optimizer state and inputs).
+        cluster: layer clustering (``autoshard.solve``'s ``cluster``): None solves a model with
+            at least 4 identical layers once per layer (and may choose activation
+            checkpointing under ``memory_budget``), True always, False never.
+        progress: ``autoshard.solve``'s ``progress``: None prints the solver's phases to
+            stderr once a solve has run 5 s, False prints nothing, or a callable per line.
 
     Calling it like a ``partition_fn`` raises: it is a marker for ``distribute_module``.
     """
@@ -84,6 +89,8 @@ class AutoPolicy:
     keep_user_sharding: bool = True
     cache_dir: Any = None
     constrain_activations: bool = True
+    cluster: bool | None = None
+    progress: Any = None
 
     def __post_init__(self) -> None:
         if self.memory_budget is not None and not self.memory_budget > 0:
@@ -382,7 +389,8 @@ def _plan_scope(scope: _Scope, params: list[tuple[str, torch.Tensor]], pending: 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", autoshard.UnknownOpWarning)
             plan = autoshard.solve(graph, scope.mesh, topo, scope.policy.memory_budget, scope.policy.time_limit,
-                                   cache_dir=scope.policy.cache_dir, pinned=pinned)
+                                   cache_dir=scope.policy.cache_dir, pinned=pinned, cluster=scope.policy.cluster,
+                                   progress=scope.policy.progress)
     except autoshard.MemoryBudgetError as err:
         _fallback(scope, params)
         raise autoshard.MemoryBudgetError(
@@ -392,6 +400,13 @@ def _plan_scope(scope: _Scope, params: list[tuple[str, torch.Tensor]], pending: 
     except Exception:
         _fallback(scope, params)
         raise
+    remat = plan.stats.get("remat") or {}
+    if remat.get("count"):
+        prefix = (plan.stats.get("clustering") or {}).get("prefix", "")
+        warnings.warn(f"AUTO ({name}): the plan fits memory_budget only with activation checkpointing of "
+                      f"{remat['count']} layers ({', '.join(f'{prefix}.{k}' for k in remat['layers'])}), which is not "
+                      f"applied for you: wrap those layers in torch.utils.checkpoint (plan.explain())",
+                      UserWarning, stacklevel=4)
     unknown = plan.stats.get("unknown_ops") or []
     if unknown:
         warnings.warn(f"AUTO ({name}): no sharding strategy rule for ops {unknown} and no generic one fits; they "
