@@ -109,6 +109,20 @@ def fusable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any, d
     return True
 
 
+def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, bias: Any, is_causal: bool,
+          scale: float) -> torch.Tensor:
+    """One counted ``xla_dtensor::attention`` call (with its backward op) on arguments :func:`fusable` took.
+
+    Also the target of the hand-written pattern (:mod:`xla_dtensor.core.attention_pattern`).
+    """
+    metrics.incr("fused_attention")
+    why = refusal(_platform(), str(q.dtype).removeprefix("torch."), q.shape[-1])
+    if why:
+        metrics.incr("fused_attention_fallbacks")
+        warn_once(why)
+    return _FusedAttention.apply(q, k, v, mask, bias, is_causal, scale)
+
+
 def _sdpa(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
           scale: float | None = None, enable_gqa: bool = False) -> Any:
     if WHEN[0]():  # eager mode: torch CPU's own kernel choice
@@ -117,15 +131,9 @@ def _sdpa(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
                 and _cpu_choice(q, k, v, is_causal, scale) == _FLASH):
             return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal, scale=scale)[0]
     elif fusable(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa):
-        metrics.incr("fused_attention")
-        why = refusal(_platform(), str(q.dtype).removeprefix("torch."), q.shape[-1])
-        if why:
-            metrics.incr("fused_attention_fallbacks")
-            warn_once(why)
         boolean = attn_mask is not None and attn_mask.dtype == torch.bool
         mask, bias = (attn_mask, None) if boolean else (None, attn_mask)
-        s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-        return _FusedAttention.apply(q, k, v, mask, bias, is_causal, s)
+        return fused(q, k, v, mask, bias, is_causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale))
     return aten.scaled_dot_product_attention.default.decompose(
         q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
