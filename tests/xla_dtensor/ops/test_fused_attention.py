@@ -3,22 +3,18 @@ residual reuse, and models (the GPT step, HF GPT-2) on one device and under 2x4 
 in lazy mode and under ``xla_dtensor.compile``."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import xla_dtensor
 import xla_dtensor.spmd as xs
 from benchmarks.models import GPT2, GPT2Config
-from benchmarks.models.torchvision_shim import install as _torchvision_shim
 from tests.xla_dtensor.spmd._hlo import collectives
 from xla_dtensor import metrics
 from xla_dtensor.ops import fused_attention
-from xla_dtensor.spmd.plans import megatron_plan
+
+from tests.xla_dtensor.ops._attention_models import cpu_losses, device_losses, gpt_loss, hf_gpt2, hf_loss, tp_2x4
 
 DEV = xla_dtensor.device()
 CASES = {  # name: (q shape, k/v shape, mask maker, is_causal, enable_gqa, dtype)
@@ -121,7 +117,6 @@ def test_a_call_the_gpu_kernel_cannot_take_is_counted_and_warned(monkeypatch):
 # ---- models: the GPT step and HF GPT-2, lazy and compiled, one device and 2x4 TP ----------------
 
 GPT_LAYERS = 4
-COLWISE, ROWWISE = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.c_fc"), ("attn.c_proj", "mlp.c_proj")
 
 
 def _gpt() -> torch.nn.Module:
@@ -129,34 +124,10 @@ def _gpt() -> torch.nn.Module:
     return GPT2(GPT2Config(vocab=64, n_positions=16, n_embd=32, n_layer=GPT_LAYERS, n_head=4))
 
 
-def _hf_gpt2() -> torch.nn.Module:
-    _torchvision_shim()  # transformers imports torchvision, whose C++ ops do not load on CPU torch
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
-                                  embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(cfg)
-
-
-def _hf_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return model(input_ids=x, labels=y).loss
-
-
-def _gpt_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return model(x, y)
-
-
-MODELS = {"gpt": (_gpt, _gpt_loss, GPT_LAYERS), "hf-gpt2": (_hf_gpt2, _hf_loss, 2)}
-
-
-def _tp(model: torch.nn.Module, name: str) -> torch.nn.Module:
-    mesh = DeviceMesh("xla", torch.arange(8).reshape(2, 4), mesh_dim_names=("data", "model"))
-    if name == "gpt":
-        plan = {f"h.{i}.{m}": ColwiseParallel() for i in range(GPT_LAYERS) for m in COLWISE}
-        plan.update({f"h.{i}.{m}": RowwiseParallel() for i in range(GPT_LAYERS) for m in ROWWISE})
-    else:
-        plan = megatron_plan(model)
-    return parallelize_module(model, mesh["model"], plan)
+MODELS = {  # name: (model maker, loss, attention layers, Megatron TP)
+    "gpt": (_gpt, gpt_loss, GPT_LAYERS, lambda m: tp_2x4(m, GPT_LAYERS)),
+    "hf-gpt2": (lambda: hf_gpt2(2, "sdpa"), hf_loss, 2, tp_2x4),
+}
 
 
 @pytest.fixture(scope="module")
@@ -170,35 +141,9 @@ def batches():
 @pytest.mark.parametrize("layout", ["one-device", "tp-2x4"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_models_count_one_fused_attention_per_layer_and_match_cpu(name, layout, mode, batches):
-    make, loss_of, layers = MODELS[name]
-    ref_model = make()
-    ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.1)
-    ref = []
-    for x, y in batches:
-        loss = loss_of(ref_model, x, y)
-        loss.backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-        ref.append(loss.item())
-    model = copy.deepcopy(make()).to(DEV)
-    if layout == "tp-2x4":
-        model = _tp(model, name)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = loss_of(model, x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-    run = xla_dtensor.compile(step) if mode == "compile" else step
-    got, counts = [], []
-    for x, y in batches:
-        before = _counted()
-        loss = run(x.to(DEV), y.to(DEV))
-        xla_dtensor.sync()
-        counts.append(_counted() - before)
-        got.append(loss.item())
+    make, loss_of, layers, tp = MODELS[name]
+    ref = cpu_losses(make(), loss_of, batches)
+    got, counts = device_losses(make(), loss_of, batches, mode, tp if layout == "tp-2x4" else None)
     assert counts[0] == layers  # the first call records (traces) the forward once
     if mode == "lazy":
         assert counts == [layers] * len(batches)
@@ -208,7 +153,7 @@ def test_models_count_one_fused_attention_per_layer_and_match_cpu(name, layout, 
 def test_tp_attention_stays_local():
     """Megatron TP splits the heads: the forward attention needs no collective but the
     row-parallel output projections' all-reduces (one per block, two with the MLP)."""
-    model = _tp(_gpt().to(DEV), "gpt")
+    model = tp_2x4(_gpt().to(DEV), GPT_LAYERS)
     x = torch.randint(0, 64, (4, 16)).to(DEV)
     before = _counted()
     with torch.no_grad():

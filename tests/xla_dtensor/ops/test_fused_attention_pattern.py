@@ -4,25 +4,20 @@ unfused, and models (a hand-written GPT, HF GPT-2 with eager attention) on one d
 under 2x4 TP, in lazy mode and under ``xla_dtensor.compile``, against CPU training."""
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import xla_dtensor
 from benchmarks.models import GPT2, GPT2Config
 from benchmarks.models.gpt2 import Attention
-from benchmarks.models.torchvision_shim import install as _torchvision_shim
 from xla_dtensor import metrics
 from xla_dtensor.core.ir import topo_order
 from xla_dtensor.core.tensor import value_of
-from xla_dtensor.spmd.plans import megatron_plan
 
-DEV = xla_dtensor.device()
+from tests.xla_dtensor.ops._attention_models import DEV, cpu_losses, device_losses, gpt_loss, hf_gpt2, hf_loss, tp_2x4
 B, H, L, E = 2, 4, 8, 16
 NEG_INF = float("-inf")
 
@@ -219,7 +214,6 @@ def test_switch_off_and_no_grad():
 # ---- models: a hand-written GPT and HF GPT-2 (eager attention), lazy and compiled, 1 device and 2x4 TP ----
 
 LAYERS = 2
-COLWISE, ROWWISE = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.c_fc"), ("attn.c_proj", "mlp.c_proj")
 
 
 class _HandWrittenAttention(Attention):
@@ -243,34 +237,10 @@ def _gpt() -> torch.nn.Module:
     return model
 
 
-def _hf_gpt2() -> torch.nn.Module:
-    _torchvision_shim()  # transformers imports torchvision, whose C++ ops do not load on CPU torch
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=LAYERS, n_head=4,
-                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager")
-    torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(cfg)
-
-
-def _hf_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return model(input_ids=x, labels=y).loss
-
-
-def _gpt_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return model(x, y)
-
-
-MODELS = {"hand-written-gpt": (_gpt, _gpt_loss), "hf-gpt2-eager": (_hf_gpt2, _hf_loss)}
-
-
-def _tp(model: torch.nn.Module, name: str) -> torch.nn.Module:
-    mesh = DeviceMesh("xla", torch.arange(8).reshape(2, 4), mesh_dim_names=("data", "model"))
-    if name == "hand-written-gpt":
-        plan = {f"h.{i}.{m}": ColwiseParallel() for i in range(LAYERS) for m in COLWISE}
-        plan.update({f"h.{i}.{m}": RowwiseParallel() for i in range(LAYERS) for m in ROWWISE})
-    else:
-        plan = megatron_plan(model)
-    return parallelize_module(model, mesh["model"], plan)
+MODELS = {  # name: (model maker, loss, Megatron TP)
+    "hand-written-gpt": (_gpt, gpt_loss, lambda m: tp_2x4(m, LAYERS)),
+    "hf-gpt2-eager": (lambda: hf_gpt2(LAYERS, "eager"), hf_loss, tp_2x4),
+}
 
 
 @pytest.fixture(scope="module")
@@ -281,47 +251,18 @@ def batches():
 
 
 @pytest.fixture(scope="module")
-def cpu_losses(batches):
+def cpu_reference(batches):
     """Each model's losses over 3 SGD steps in torch CPU eager (the oracle)."""
-    losses = {}
-    for name, (make, loss_of) in MODELS.items():
-        model = make()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        losses[name] = []
-        for x, y in batches:
-            loss = loss_of(model, x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses[name].append(loss.item())
-    return losses
+    return {name: cpu_losses(make(), loss_of, batches) for name, (make, loss_of, _) in MODELS.items()}
 
 
 @pytest.mark.parametrize("mode", ["lazy", "compile"])
 @pytest.mark.parametrize("layout", ["one-device", "tp-2x4"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_models_count_one_fused_attention_per_layer_and_match_cpu(name, layout, mode, batches, cpu_losses):
-    make, loss_of = MODELS[name]
-    model = copy.deepcopy(make()).to(DEV)
-    if layout == "tp-2x4":
-        model = _tp(model, name)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = loss_of(model, x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-    run = xla_dtensor.compile(step) if mode == "compile" else step
-    got, counts = [], []
-    for x, y in batches:
-        before = _counted()
-        loss = run(x.to(DEV), y.to(DEV))
-        xla_dtensor.sync()
-        counts.append(_counted() - before)
-        got.append(loss.item())
+def test_models_count_one_fused_attention_per_layer_and_match_cpu(name, layout, mode, batches, cpu_reference):
+    make, loss_of, tp = MODELS[name]
+    got, counts = device_losses(make(), loss_of, batches, mode, tp if layout == "tp-2x4" else None)
     assert counts[0] == LAYERS  # the first call records (traces) the forward once
     if mode == "lazy":
         assert counts == [LAYERS] * len(batches)
-    assert got == pytest.approx(cpu_losses[name], rel=1e-4)
+    assert got == pytest.approx(cpu_reference[name], rel=1e-4)
