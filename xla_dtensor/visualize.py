@@ -20,6 +20,7 @@ from mesh import HybridMesh, Mesh
 from mesh._cli import OneLineParser, fail, int_list, positive_int
 from xla_dtensor.debug.visualize import visualize_sharding
 from xla_dtensor.sharding import ShardingError
+from xla_dtensor.sharding.hlo import MAX_DEVICES
 
 PROG = "python -m xla_dtensor.visualize"
 
@@ -69,6 +70,9 @@ def _mesh(args: argparse.Namespace) -> Mesh | None:
         fail(PROG, f"argument --names: {args.names!r} gives {len(names)} names for the "
                    f"{len(args.mesh)} axes of --mesh {','.join(map(str, args.mesh))}")
     n = _prod(args.mesh)
+    if n > MAX_DEVICES:  # NOTE: checked before the device list is built
+        fail(PROG, f"argument --mesh: {','.join(map(str, args.mesh))} is {n} devices, more than "
+                   f"the {MAX_DEVICES} a drawing (or an HLO sharding) may hold")
     if not args.dcn:
         return Mesh(range(n), args.mesh, names, validate=False)  # drawing needs no devices
     if len(args.dcn) != len(args.mesh) or any(m % d for m, d in zip(args.mesh, args.dcn)):

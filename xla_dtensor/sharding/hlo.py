@@ -12,6 +12,11 @@ Forms understood (the ones XLA prints for array shardings)::
 the last entry is the size of each group of replicas. The device list fills that
 array row-major. The V2 list is ``arange(N).reshape(r).transpose(T).reshape(-1)``.
 
+Parsing is bounded: a tile assignment of more than :data:`MAX_DEVICES` devices, and a
+number of more than :data:`_MAX_DIGITS` digits, are an :class:`HloParseError` before
+anything is allocated (``{devices=[1]<=[400000000]}`` would otherwise build a
+400-million-entry list).
+
 NOTE: an HLO sharding's device numbers are positions in the program's device
 assignment. This library's device assignment is all devices in id order (as in
 torch_xla), so the numbers here are device ids. JAX numbers positions in the mesh's
@@ -27,6 +32,11 @@ from typing import Sequence
 import numpy as np
 
 from xla_dtensor.sharding.errors import HloParseError, SpecTypeError
+
+MAX_DEVICES = 1 << 17
+"""The most devices a parsed tile assignment may hold (131,072: above any machine built)."""
+_MAX_DIGITS = 12
+_MAX_RANK = 64  # numpy's limit on array dims
 
 _FORMS = ("{replicated}", "{maximal device=N}", "{devices=[t0,...]d0,d1,...}",
           "{devices=[t0,...]<=[r0,...]T(p0,...)}", "optional ' last_tile_dim_replicate'")
@@ -176,12 +186,31 @@ _TILED = re.compile(
     r"(?P<flags>(?:\s+[a-z_]+(?:=\{[a-z_,\s]*\})?)*)\s*$")
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",")]
+def _ints(text: str, whole: str) -> list[int]:
+    parts = text.split(",")
+    if len(parts) > MAX_DEVICES:
+        raise _fail(whole, f"a list of {len(parts)} numbers is longer than MAX_DEVICES={MAX_DEVICES}")
+    long = next((p.strip() for p in parts if len(p.strip().lstrip("-")) > _MAX_DIGITS), None)
+    if long is not None:
+        raise _fail(whole, f"the number {long[:20]}{'...' if len(long) > 20 else ''} has more than "
+                           f"{_MAX_DIGITS} digits")
+    return [int(x) for x in parts]
+
+
+def _bounded(text: str, what: str, dims: list[int]) -> None:
+    """Refuse ``dims`` whose product exceeds :data:`MAX_DEVICES` (checked before any allocation)."""
+    if len(dims) > _MAX_RANK:
+        raise _fail(text, f"{what} have {len(dims)} entries, more than {_MAX_RANK}")
+    n = 1
+    for d in dims:
+        n *= max(d, 1)
+        if n > MAX_DEVICES:
+            raise _fail(text, f"{what} {dims} hold more than MAX_DEVICES={MAX_DEVICES} devices")
 
 
 def _fail(text: str, why: str) -> HloParseError:
-    return HloParseError(f"malformed HLO sharding {text!r}: {why}. Allowed forms: {', '.join(_FORMS)}")
+    shown = text if len(text) <= 200 else f"{text[:200]}... ({len(text)} characters)"
+    return HloParseError(f"malformed HLO sharding {shown!r}: {why}. Allowed forms: {', '.join(_FORMS)}")
 
 
 def _parse(text: str) -> HloSharding:
@@ -197,6 +226,8 @@ def _parse(text: str) -> HloSharding:
     if inner == "replicated":
         return HloSharding()
     m = re.fullmatch(r"maximal\s+device=(\d+)", inner)
+    if m and len(m.group(1)) > _MAX_DIGITS:
+        raise _fail(text, f"device number {m.group(1)[:20]}... has more than {_MAX_DIGITS} digits")
     if m:
         return HloSharding(maximal_device=int(m.group(1)))
     if inner in ("manual", "unknown") or inner.startswith("unreduced"):
@@ -204,14 +235,15 @@ def _parse(text: str) -> HloSharding:
     m = _TILED.match(inner)
     if not m:
         raise _fail(text, "could not read it")
-    dims = _ints(m.group("dims"))
+    dims = _ints(m.group("dims"), text)
     if any(d < 1 for d in dims):
         raise _fail(text, f"tile dims {dims} must all be >= 1")
+    _bounded(text, "tile dims", dims)
     if m.group("list") is not None:
-        devices = _ints(m.group("list"))
+        devices = _ints(m.group("list"), text)
     else:
-        devices = _iota_devices(text, _ints(m.group("reshape")),
-                                _ints(m.group("perm")) if m.group("perm") else None)
+        devices = _iota_devices(text, _ints(m.group("reshape"), text),
+                                _ints(m.group("perm"), text) if m.group("perm") else None)
     replicate = _replicate_flag(text, m.group("flags").split())
     if len(devices) != prod(dims):
         raise _fail(text, f"tile dims {dims} need {prod(dims)} devices, got {len(devices)}")
@@ -227,6 +259,7 @@ def _parse(text: str) -> HloSharding:
 def _iota_devices(text: str, reshape: list[int], perm: list[int] | None) -> list[int]:
     if any(r < 1 for r in reshape):
         raise _fail(text, f"iota reshape dims {reshape} must all be >= 1")
+    _bounded(text, "iota reshape dims", reshape)
     perm = list(range(len(reshape))) if perm is None else perm
     if sorted(perm) != list(range(len(reshape))):
         raise _fail(text, f"T{tuple(perm)} is not a permutation of {list(range(len(reshape)))}")
