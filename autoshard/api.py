@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -32,7 +33,7 @@ from mesh import Mesh, Topology, topology_for
 
 from autoshard.baselines import Baseline, run_baselines
 from autoshard.build import Model, build_model
-from autoshard.cache import open_cache, plan_key
+from autoshard.cache import PlanCacheWarning, open_cache, plan_key, plan_mismatch
 from autoshard.evaluate import evaluate
 from autoshard.fold import Folded, fold_ties
 from autoshard.graph import Graph
@@ -139,9 +140,13 @@ def solve(graph: Graph, mesh: Mesh | None, topology: Topology | str = "tpu-v5e",
     disk_key = plan_key(graph, mesh, topo, memory_budget, time_limit, pins + (("clustered", clustered),) * clustered) \
         if disk is not None else ""
     if disk is not None and (hit := disk.get(disk_key)) is not None:
-        STATS["disk_hits"] += 1
-        _CACHE[key] = hit
-        return hit
+        problem = plan_mismatch(hit, graph, topo, mesh)
+        if problem is None:
+            STATS["disk_hits"] += 1
+            _CACHE[key] = hit
+            return hit
+        warnings.warn(f"cached plan {disk.path(disk_key)} does not fit this graph and mesh ({problem}); "
+                      f"solving again", PlanCacheWarning, stacklevel=2)
     STATS["solves"] += 1
     if clustered:
         from autoshard.layered import solve_layered

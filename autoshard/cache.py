@@ -6,7 +6,10 @@ atomically (a temporary file in the same directory, then ``os.replace``), so a r
 never sees half a plan. The key includes a hash of autoshard's own source, so a
 changed cost model or rule never serves a stale plan. A directory that cannot be
 created, read or written, and a file that does not parse, give a
-:class:`PlanCacheWarning` and the caller solves as if uncached.
+:class:`PlanCacheWarning` and the caller solves as if uncached. A plan that parses is
+still checked against the graph and mesh it is served for (:func:`plan_mismatch`: mesh
+axes and sizes, one placement per placeholder, every spec one valid entry per mesh axis
+splitting a dim the tensor has, shapes): one that does not fit warns and is solved again.
 
 Example:
     >>> import tempfile
@@ -65,6 +68,54 @@ def plan_key(graph: Any, mesh: Any, topology: Any, memory_budget: float | None, 
     parts = (graph.fingerprint(), mesh_key, repr(topology), memory_budget, float(time_limit), code_version())
     text = repr(parts + (tuple(pinned),) if pinned else parts)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _spec_problem(spec: Any, nd: int, ndim: int) -> str | None:
+    if not isinstance(spec, tuple) or len(spec) != nd:
+        return f"has {len(spec) if isinstance(spec, tuple) else spec!r} entries, the mesh has {nd} axes"
+    for p in spec:
+        if p in ("R", "P"):
+            continue
+        if not (isinstance(p, tuple) and len(p) == 2 and p[0] == "S" and type(p[1]) is int):
+            return f"has placement {p!r}; expected 'R', 'P' or ('S', dim)"
+        if not 0 <= p[1] < ndim:
+            return f"splits dim {p[1]} of a {ndim}-d tensor"
+    return None
+
+
+def plan_mismatch(plan: Plan, graph: Any, topology: Any, mesh: Any = None) -> str | None:
+    """Why ``plan`` does not fit ``graph`` on ``topology`` (and ``mesh``), or None when it does.
+
+    Example:
+        >>> from autoshard.graph import Graph, TensorMeta
+        >>> from mesh import Mesh, topology_for
+        >>> g = Graph(); _ = g.add("placeholder", (), (TensorMeta((4, 2)),), role="param", name="w")
+        >>> topo = topology_for(Mesh(range(2), (2,), ("d",), validate=False), "tpu-v5e")
+        >>> plan_mismatch(Plan(("d",), (2,), "v5e", placements={"w": (("S", 99),)}), g, topo)
+        "placement of 'w' (('S', 99),) splits dim 99 of a 2-d tensor"
+    """
+    axes, sizes = tuple(topology.axis_names), tuple(topology.axis_sizes)
+    if tuple(plan.mesh_axes) != axes or tuple(plan.mesh_shape) != sizes:
+        return f"plan is for mesh {list(plan.mesh_axes)} {list(plan.mesh_shape)}, the solve for {list(axes)} {list(sizes)}"
+    shape = getattr(mesh, "mesh_shape", None)
+    if shape is not None and tuple(shape) != sizes:
+        return f"plan is for mesh shape {list(sizes)}, the mesh is {list(shape)}"
+    shapes = {n.name: tuple(n.out.shape) for n in graph.nodes if n.outputs}
+    holders = {n.name for n in graph.nodes if n.op == "placeholder"}
+    if set(plan.placements) != holders:
+        missing, extra = sorted(holders - set(plan.placements)), sorted(set(plan.placements) - holders)
+        return f"placements do not match the graph's inputs (missing {missing[:5]}, unknown {extra[:5]})"
+    for kind, table in (("placement", plan.placements), ("activation", plan.activations)):
+        for name, spec in table.items():
+            if name not in shapes:  # NOTE: a clustered plan may name nodes of its reduced graph
+                continue
+            why = _spec_problem(spec, len(axes), len(shapes[name]))
+            if why:
+                return f"{kind} of {name!r} {spec!r} {why}"
+    bad = next((k for k, v in plan.shapes.items() if k in shapes and tuple(v) != shapes[k]), None)
+    if bad is not None:
+        return f"shape of {bad!r} is {list(plan.shapes[bad])}, the graph's is {list(shapes[bad])}"
+    return None
 
 
 class PlanCache:

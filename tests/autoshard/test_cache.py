@@ -117,3 +117,40 @@ def test_memory_only_and_bad_argument(tmp_path, monkeypatch):
     api.clear_cache()
     with pytest.raises(TypeError, match="cache_dir must be a path.*got 3"):
         _solve(3)
+
+
+def _tamper(f: Path, change) -> None:
+    d = json.loads(f.read_text())
+    change(d)
+    f.write_text(json.dumps(d))
+
+
+BAD_ENTRIES = {
+    "split dim 99": lambda d: d["placements"].__setitem__("w1", [["S", 99], "R"]),
+    "placements emptied": lambda d: d.__setitem__("placements", {}),
+    "a [3,3] mesh": lambda d: d.__setitem__("mesh_shape", [3, 3]),
+    "a 5-entry spec": lambda d: d["placements"].__setitem__("w1", ["R"] * 5),
+    "an unknown placement": lambda d: d["placements"].__setitem__("w1", ["Q", "R"]),
+    "an activation split past its rank": lambda d: d["activations"].__setitem__(
+        next(iter(d["activations"])), [["S", 7], "R"]),
+    "a shape of another graph": lambda d: d["shapes"].__setitem__("x", [65, 8]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ENTRIES))
+def test_a_cached_plan_that_does_not_fit_the_graph_warns_and_is_solved_again(tmp_path, case):
+    api.clear_cache()
+    plan = _solve(tmp_path)
+    (f,) = tmp_path.glob("*.json")
+    _tamper(f, BAD_ENTRIES[case])
+    api.clear_cache()
+    solves = api.STATS["solves"]
+    with pytest.warns(PlanCacheWarning, match="does not fit this graph and mesh"):
+        again = _solve(tmp_path)
+    assert api.STATS["solves"] == solves + 1
+    assert again.placements == plan.placements and again.mesh_shape == (2, 2)
+    assert Plan.from_json(f.read_text()) == again  # the bad entry was replaced
+    api.clear_cache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PlanCacheWarning)
+        assert _solve(tmp_path) == again and api.STATS["solves"] == solves + 1  # now a clean hit
