@@ -8,6 +8,13 @@ The counters ``xla_compiles`` (XLA backend compilations actually run) and
 ``persistent_cache_hits`` (executables loaded from disk) are kept in
 ``xla_dtensor.metrics`` from JAX's monitoring events.
 
+Every entry carries a fingerprint of the program it belongs to: its cache key (JAX's
+hash of the lowered module, whose argument types and shardings are the input signature,
+plus the compile options, devices and backend) and a SHA-256 over key and executable.
+An entry is checked before it is deserialized: one copied from another program's file,
+altered, or written without a fingerprint gives a :class:`CacheWarning`, counts in
+``persistent_cache_rejected`` and is recompiled (and rewritten), never run.
+
 Example:
     >>> import tempfile, xla_dtensor
     >>> xla_dtensor.runtime.initialize_cache(tempfile.mkdtemp())
@@ -15,6 +22,7 @@ Example:
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 import warnings
@@ -32,7 +40,8 @@ __all__ = ["CacheWarning", "initialize_cache", "cache_path", "device_count", *_d
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 _STATE: dict[str, object] = {"path": None, "readonly": False}
-for _name in ("xla_compiles", "persistent_cache_hits"):
+_MAGIC = b"XDTC1\n"
+for _name in ("xla_compiles", "persistent_cache_hits", "persistent_cache_rejected"):
     metrics._COUNTS.setdefault(_name, 0)
 
 
@@ -53,6 +62,88 @@ def _on_event(event: str, **_: object) -> None:
 
 monitoring.register_event_duration_secs_listener(_on_duration)
 monitoring.register_event_listener(_on_event)
+
+
+def _fingerprint(key: str, payload: bytes) -> bytes:
+    return hashlib.sha256(len(key).to_bytes(4, "big") + key.encode() + payload).digest()
+
+
+def seal_entry(key: str, payload: bytes) -> bytes:
+    """``payload`` (JAX's cache entry) prefixed with its key and fingerprint."""
+    k = key.encode()
+    return _MAGIC + len(k).to_bytes(4, "big") + k + _fingerprint(key, payload) + payload
+
+
+def open_entry(key: str, entry: bytes) -> tuple[bytes | None, str]:
+    """The payload of ``entry`` if it was sealed for ``key`` and is intact, else ``(None, why)``."""
+    if not entry.startswith(_MAGIC):
+        return None, "it has no program fingerprint (written by another tool or version, or altered)"
+    at = len(_MAGIC)
+    n = int.from_bytes(entry[at:at + 4], "big")
+    stored, digest, payload = entry[at + 4:at + 4 + n], entry[at + 4 + n:at + 36 + n], entry[at + 36 + n:]
+    if stored != key.encode():
+        return None, f"it belongs to another program (key {stored[:64].decode(errors='replace')!r})"
+    if digest != _fingerprint(key, payload):
+        return None, "its fingerprint does not match its bytes (altered or truncated)"
+    return payload, ""
+
+
+class _Fingerprinted:
+    """A JAX cache (``CacheInterface``) whose entries are sealed on put and checked on get."""
+
+    def __init__(self, base: object) -> None:
+        self._base = base
+        self._refused: set[str] = set()
+
+    @property
+    def _path(self):  # noqa: ANN202 - JAX reads it for logging
+        return self._base._path
+
+    def get(self, key: str) -> bytes | None:
+        entry = self._base.get(key)
+        if entry is None:
+            return None
+        payload, why = open_entry(key, entry)
+        if payload is None:
+            self._refused.add(key)
+            metrics._COUNTS["persistent_cache_rejected"] += 1
+            warnings.warn(CacheWarning(f"persistent compilation cache entry {key} not used: {why}; "
+                                       f"recompiling"), stacklevel=2)
+        return payload
+
+    def put(self, key: str, value: bytes) -> None:
+        entry = seal_entry(key, value)
+        folder = getattr(self._base, "path", None)
+        if key not in self._refused or folder is None:
+            self._base.put(key, entry)  # NOTE: JAX's file cache never replaces an existing entry
+            return
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key[:40]}.")  # the refused entry, replaced atomically
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(entry)
+            os.replace(tmp, os.path.join(folder, f"{key}-cache"))
+            self._refused.discard(key)
+        except OSError:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def clear(self) -> None:
+        self._base.clear()
+
+
+def _install_fingerprints() -> None:
+    """Make JAX's file cache a :class:`_Fingerprinted` one (once per process)."""
+    from jax._src import compilation_cache
+    if getattr(compilation_cache.get_file_cache, "_xdt_sealed", False):
+        return
+    plain = compilation_cache.get_file_cache
+
+    def get_file_cache(path: str):  # noqa: ANN202
+        got = plain(path)
+        return None if got is None else (_Fingerprinted(got[0]), got[1])
+
+    get_file_cache._xdt_sealed = True  # type: ignore[attr-defined]
+    compilation_cache.get_file_cache = get_file_cache
 
 
 def _usable(path: str, readonly: bool) -> str | None:
@@ -94,6 +185,7 @@ def initialize_cache(path: str | os.PathLike, readonly: bool = False) -> bool:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 2**62 if readonly else -1)
     try:  # JAX decides once per process whether the cache is used; make it look again
         from jax._src import compilation_cache
+        _install_fingerprints()
         compilation_cache.reset_cache()
     except (ImportError, AttributeError):  # pragma: no cover - older/newer jax
         pass

@@ -66,7 +66,8 @@ def compile_cache(cache_dir: str, out: str) -> None:
         a, b = torch.randn(n, n, generator=g), torch.randn(n, 4, generator=g)
         y = torch.tanh(a.to(dev) @ b.to(dev)) * 2 + 1
         results[f"n{n}"] = y.cpu().numpy()
-    np.savez(out, hits=metrics._COUNTS.get("persistent_cache_hits", 0), **results)
+    np.savez(out, hits=metrics._COUNTS.get("persistent_cache_hits", 0),
+             rejected=metrics._COUNTS.get("persistent_cache_rejected", 0), **results)
 
 
 def plan_cache(cache_dir: str, writer: int, rounds: int, out: str) -> None:

@@ -77,3 +77,49 @@ def test_concurrent_compile_cache_writers(zygote, tmp_path):
           f"{hits} executables from the cache; with all {len(entries)} entries truncated: "
           f"{int(cut['hits'])} loaded, results still equal")
     assert hits > 0 and int(cut["hits"]) == 0
+
+
+def _entries(cache: str) -> list[str]:
+    return sorted(os.path.join(cache, f) for f in os.listdir(cache) if f.endswith("-cache"))
+
+
+def test_swapped_or_forged_compile_cache_entries_are_recompiled_not_run(zygote, tmp_path):
+    """Issue 41, item 2: an entry copied from another program's file (before: loaded and run, wrong output),
+    or one whose key was rewritten to pass, is refused by its fingerprint and recompiled."""
+    from xla_dtensor.runtime import open_entry, seal_entry  # noqa: F401
+    cache = str(tmp_path / "xla")
+    job = {"fn": "compile_cache", "args": {"cache_dir": cache, "out": str(tmp_path / "fill.npz")},
+           "out": str(tmp_path / "log")}
+    want = _oracle()
+
+    def rerun(name: str) -> dict:
+        res = zygote.run([dict(job, args=dict(job["args"], out=str(tmp_path / f"{name}.npz")))], timeout=120)
+        assert res[0]["rc"] == 0, open(job["out"]).read()[-2000:]
+        got = np.load(tmp_path / f"{name}.npz")
+        for k, v in want.items():
+            np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-5, err_msg=f"{name} {k}")
+        return {"hits": int(got["hits"]), "rejected": int(got["rejected"])}
+
+    rerun("fill")
+    clean = rerun("clean")
+    assert clean["hits"] > 0, clean  # the control: intact entries load
+    files = _entries(cache)
+    assert len(files) >= 2
+    blobs = [open(f, "rb").read() for f in files]
+    for f, blob in zip(files, blobs[1:] + blobs[:1]):  # every file now holds another program's entry
+        open(f, "wb").write(blob)
+    swapped = rerun("swapped")
+    assert swapped["hits"] == 0 and swapped["rejected"] >= len(files), swapped
+    assert rerun("rewritten")["hits"] > 0  # the recompiled programs replaced the swapped entries
+    blobs = [open(f, "rb").read() for f in files]
+    keys = [os.path.basename(f).removesuffix("-cache") for f in files]
+    head = len(b"XDTC1\n") + 4
+    for f, key, other_key, blob in zip(files, keys, keys[1:] + keys[:1], blobs[1:] + blobs[:1]):
+        assert open_entry(other_key, blob)[0] is not None
+        digest_and_payload = blob[head + len(other_key.encode()):]
+        sealed_header = seal_entry(key, b"")[:head + len(key.encode())]
+        open(f, "wb").write(sealed_header + digest_and_payload)  # this file's key, another program's bytes
+    forged_run = rerun("forged")
+    assert forged_run["hits"] == 0 and forged_run["rejected"] >= len(files), forged_run
+    print(f"\ncompile cache: {len(files)} entries swapped between programs, then re-keyed: all refused "
+          f"({swapped['rejected']}, {forged_run['rejected']} rejections), recompiled, results equal torch CPU")
