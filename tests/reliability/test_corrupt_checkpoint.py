@@ -1,6 +1,7 @@
 """Delete, truncate or alter each kind of checkpoint file: every load is a CheckpointError naming that
 file, or (a change that means nothing, e.g. JSON whitespace) exactly the saved values; never others.
 
+Every failed load leaves its targets (CPU and device) as they were.
 Kinds: the manifest (``.xdt_manifest.json``), torch's ``.metadata`` and the data file
 (``__0_0.distcp``). Counts are printed (pytest -s) and asserted: 0 silent wrong results.
 """
@@ -38,14 +39,27 @@ def saved(tmp_path_factory):
     return path
 
 
-def _outcome(path, kind: str) -> str:
+def _targets(on_device: bool) -> dict:
+    """Targets holding -1 (a failed load must leave them so: issue 41, item 3)."""
+    if not on_device:
+        return {"w": torch.full((16, 8), -1.0), "u": torch.full((10, 3), -1.0), "meta": {"step": 0}}
+    mesh = Mesh(range(8), (2, 4), ("a", "b"))
+    return {"w": xla_dtensor.distribute_tensor(torch.full((16, 8), -1.0), mesh, [Replicate(), Shard(0)]),
+            "u": xla_dtensor.distribute_tensor(torch.full((10, 3), -1.0), mesh, [Shard(0), Replicate()]),
+            "meta": {"step": 0}}
+
+
+def _outcome(path, kind: str, on_device: bool = False) -> str:
     v = _values()
-    tgt = {"w": torch.zeros(16, 8), "u": torch.zeros(10, 3), "meta": {"step": 0}}
+    tgt = _targets(on_device)
     try:
         checkpoint.load(tgt, path)
     except checkpoint.CheckpointError as err:
+        untouched = all(torch.equal(tgt[k].cpu(), torch.full(v[k].shape, -1.0)) for k in ("w", "u"))
+        if not untouched or tgt["meta"] != {"step": 0}:
+            return f"targets changed by a failed load: {err}"
         return "error" if kind in str(err) or kind == ".xdt_manifest.json" and "manifest" in str(err) else f"vague: {err}"
-    same = torch.equal(tgt["w"], v["w"]) and torch.equal(tgt["u"], v["u"]) and tgt["meta"] == v["meta"]
+    same = torch.equal(tgt["w"].cpu(), v["w"]) and torch.equal(tgt["u"].cpu(), v["u"]) and tgt["meta"] == v["meta"]
     return "exact" if same else "wrong"
 
 
@@ -69,12 +83,14 @@ def test_each_file_kind_deleted_truncated_or_altered(saved, tmp_path):
                 data = bytearray(f.read_bytes())
                 data[arg] ^= 0x5A
                 f.write_bytes(bytes(data))
-            outcome = _outcome(path, kind)
-            counts[outcome] = counts.get(outcome, 0) + 1
-            trials += 1
-            assert outcome in ("error", "exact"), (kind, op, arg, outcome)
+            for on_device in (False, True):
+                outcome = _outcome(path, kind, on_device)
+                counts[outcome] = counts.get(outcome, 0) + 1
+                trials += 1
+                assert outcome in ("error", "exact"), (kind, op, arg, on_device, outcome)
     print(f"\ncorrupt checkpoint files: {trials} trials, {counts.get('error', 0)} clear errors naming the file, "
-          f"{counts.get('exact', 0)} harmless changes loaded exactly, {counts.get('wrong', 0)} silent wrong results")
+          f"{counts.get('exact', 0)} harmless changes loaded exactly, {counts.get('wrong', 0)} silent wrong results "
+          f"(CPU and device targets; every failed load left its targets as they were)")
 
 
 def test_a_save_killed_between_its_two_renames_leaves_an_error_naming_the_copies(saved, tmp_path, monkeypatch):

@@ -2,8 +2,10 @@
 
 ``.xdt_manifest.json`` in a checkpoint directory lists every entry of the state dict
 (key, kind, dtype, size, and for each stored chunk: its file, byte range and SHA-256)
-and every file with its size. Keys are JSON strings, so any two distinct keys stay
-distinct. Our reader builds torch.distributed.checkpoint's ``Metadata`` from it and never
+and every file with its size. From version 2 a chunk's SHA-256 covers its key and
+position (:func:`item_digest`) before its bytes, so two records swapped in the manifest
+(each with its own checksum) no longer verify; version 1 (bytes only) is still read.
+Keys are JSON strings, so any two distinct keys stay distinct. Our reader builds torch.distributed.checkpoint's ``Metadata`` from it and never
 reads the pickled ``.metadata`` (that file is written for plain ``dcp.load``).
 
 Everything read from a manifest is validated before use: file names are plain names
@@ -21,6 +23,8 @@ Example:
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 from typing import Any
@@ -39,8 +43,24 @@ from torch.distributed.checkpoint.metadata import (
 from xla_dtensor.checkpoint.errors import CheckpointError
 
 NAME = ".xdt_manifest.json"
-FORMAT, VERSION = "xla_dtensor.checkpoint", 1
+FORMAT, VERSION = "xla_dtensor.checkpoint", 2
+READS = (1, 2)  # version 1: checksums over the bytes only
 DCP_METADATA = ".metadata"
+
+
+def item_header(key: str, offsets: Any) -> bytes:
+    """What a version-2 checksum hashes before an item's bytes: its key and chunk offsets (None: a value)."""
+    return json.dumps([key, None if offsets is None else [int(o) for o in offsets]]).encode() + b"\n"
+
+
+def item_digest(key: str, offsets: Any, data: bytes) -> str:
+    """The version-2 SHA-256 of a stored item: key, position, bytes.
+
+    Example:
+        >>> item_digest("w", [0], b"") != item_digest("w", [4], b"")
+        True
+    """
+    return hashlib.sha256(item_header(key, offsets) + data).hexdigest()
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -106,8 +126,8 @@ def validate(m: Any, where: str) -> dict[str, Any]:
     """``m`` (a parsed manifest) checked for shape; CheckpointError names the first problem."""
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise CheckpointError(f"{where}: not an xla_dtensor checkpoint manifest")
-    if m.get("version") != VERSION:
-        raise CheckpointError(f"{where}: manifest version {m.get('version')!r}, this code reads {VERSION}")
+    if m.get("version") not in READS:
+        raise CheckpointError(f"{where}: manifest version {m.get('version')!r}, this code reads {list(READS)}")
     files = m.get("files")
     if not isinstance(files, dict):
         raise CheckpointError(f"{where}: manifest has no file table")

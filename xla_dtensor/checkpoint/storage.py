@@ -47,9 +47,9 @@ from xla_dtensor.checkpoint.errors import CheckpointError
 _CHUNK = 1 << 22
 
 
-def _sha256(f: Any, offset: int, length: int) -> str:
+def _sha256(f: Any, offset: int, length: int, header: bytes = b"") -> str:
     f.seek(offset)
-    h = hashlib.sha256()
+    h = hashlib.sha256(header)
     left = length
     while left:
         block = f.read(min(left, _CHUNK))
@@ -110,8 +110,9 @@ class Writer(FileSystemWriter):
             with open(os.path.join(self.path, name), "rb") as f:
                 for wr in wrs:
                     s = wr.storage_data
+                    head = M.item_header(wr.index.fqn, wr.index.offset)  # NOTE: binds key and position
                     self._records[wr.index] = {"file": name, "offset": s.offset, "length": s.length,
-                                               "sha256": _sha256(f, s.offset, s.length)}
+                                               "sha256": _sha256(f, s.offset, s.length, head)}
         return fut
 
     def _part(self, metadata: Metadata, results: list[list[WriteResult]]) -> dict[str, Any]:
@@ -182,6 +183,7 @@ class Reader(StorageReader):
         self.allow_unverified = allow_unverified
         self._metadata: Metadata | None = None
         self._records: dict[tuple[str, Any], dict[str, Any]] | None = None
+        self._bound = True  # version >= 2: checksums cover key and position
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id is not None:
@@ -208,6 +210,7 @@ class Reader(StorageReader):
             m = M.validate(raw, os.path.join(self.path, M.NAME))
             self._check_files(m["files"])
             self._records = M.entry_digests(m)
+            self._bound = m["version"] >= 2
             return M.to_metadata(m)
         if M.DCP_METADATA in names and self.allow_unverified:
             return self._read_plain_dcp()
@@ -271,42 +274,65 @@ class Reader(StorageReader):
         if len(data) != info.length:
             raise CheckpointError(f"{where}: truncated ({index.fqn!r} needs bytes {info.offset}..{info.offset + info.length})")
         if self._records is not None:
-            rec = self._records.get((index.fqn, tuple(index.offset) if index.offset is not None else None))
-            if rec is None or hashlib.sha256(data).hexdigest() != rec["sha256"]:
-                raise CheckpointError(f"{where}: checksum mismatch in the bytes of {index.fqn!r} (the file was altered)")
+            offsets = tuple(index.offset) if index.offset is not None else None
+            rec = self._records.get((index.fqn, offsets))
+            got = M.item_digest(index.fqn, offsets, data) if self._bound else hashlib.sha256(data).hexdigest()
+            if rec is None or got != rec["sha256"]:
+                place = f" at {list(offsets)}" if offsets is not None else ""
+                raise CheckpointError(f"{where}: checksum mismatch in the bytes of {index.fqn!r}{place} (the file "
+                                      f"was altered, or the manifest's records were swapped)")
         return data
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Verify every item this load reads, then write the targets: a failed load writes none of them.
+
+        NOTE: two passes over the files (the second re-reads and re-checks each item) so that
+        host memory holds one item at a time, not the whole checkpoint.
+        """
         per_file: dict[str, dict[MetadataIndex, list[Any]]] = {}
         for req in plan.items:
             name = self.storage_data[req.storage_index].relative_path
             per_file.setdefault(name, {}).setdefault(req.storage_index, []).append(req)
-        for name, items in per_file.items():
-            with open(os.path.join(self.path, name), "rb") as f:
-                for index, reqs in items.items():
-                    data = self._item_bytes(f, index)
-                    if reqs[0].type == LoadItemType.BYTE_IO:
-                        for req in reqs:
-                            planner.load_bytes(req, io.BytesIO(data))
-                        continue
-                    try:
-                        stored = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-                    except Exception as err:
-                        raise CheckpointError(f"{os.path.join(self.path, name)}: the bytes of {index.fqn!r} are not a "
-                                              f"plain tensor ({type(err).__name__}: {str(err)[:200]})") from None
-                    if not isinstance(stored, torch.Tensor):
-                        raise CheckpointError(f"{os.path.join(self.path, name)}: {index.fqn!r} holds no tensor")
-                    for req in reqs:
-                        src = narrow_tensor_by_index(stored, req.storage_offsets, req.lengths)
-                        dst = planner.resolve_tensor(req).detach()
-                        if dst.size() != src.size():
-                            raise CheckpointError(f"{index.fqn!r}: stored piece {tuple(src.size())} does not fit "
-                                                  f"its target {tuple(dst.size())}")
-                        dst.copy_(src)
-                        planner.commit_tensor(req, dst)
+        for write in (False, True):
+            for name, items in per_file.items():
+                with open(os.path.join(self.path, name), "rb") as f:
+                    for index, reqs in items.items():
+                        self._load_item(f, name, index, reqs, planner, write)
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
+
+    def _load_item(self, f: Any, name: str, index: MetadataIndex, reqs: list[Any], planner: LoadPlanner,
+                   write: bool) -> None:
+        """Read, check and decode one stored item; with ``write``, copy it into its targets."""
+        data = self._item_bytes(f, index)
+        if reqs[0].type == LoadItemType.BYTE_IO:
+            if write:
+                for req in reqs:
+                    planner.load_bytes(req, io.BytesIO(data))
+                return
+            try:
+                torch.load(io.BytesIO(data), weights_only=True)
+            except Exception as err:
+                raise CheckpointError(f"{index.fqn!r}: the stored value is not plain data torch.load(weights_only=True) "
+                                      f"accepts ({type(err).__name__}: {str(err)[:200]})") from None
+            return
+        try:
+            stored = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise CheckpointError(f"{os.path.join(self.path, name)}: the bytes of {index.fqn!r} are not a "
+                                  f"plain tensor ({type(err).__name__}: {str(err)[:200]})") from None
+        if not isinstance(stored, torch.Tensor):
+            raise CheckpointError(f"{os.path.join(self.path, name)}: {index.fqn!r} holds no tensor")
+        for req in reqs:
+            src = narrow_tensor_by_index(stored, req.storage_offsets, req.lengths)
+            dst = planner.resolve_tensor(req).detach()
+            if dst.size() != src.size():
+                raise CheckpointError(f"{index.fqn!r}: stored piece {tuple(src.size())} does not fit "
+                                      f"its target {tuple(dst.size())}")
+            if write:
+                dst.copy_(src)
+                planner.commit_tensor(req, dst)
 
     @property
     def checkpoint_id(self) -> str:

@@ -24,6 +24,7 @@ import xla_dtensor
 from mesh import Mesh
 from xla_dtensor import checkpoint
 from xla_dtensor.checkpoint import CheckpointError
+from xla_dtensor.checkpoint.manifest import item_digest
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 MANIFEST = ".xdt_manifest.json"
@@ -65,7 +66,8 @@ def _append_item(path, m, key, blob, chunk=None):
     with open(data, "ab") as f:
         f.write(blob)
     rec = m["entries"][key] if chunk is None else m["entries"][key]["chunks"][chunk]
-    rec.update(offset=offset, length=len(blob), sha256=hashlib.sha256(blob).hexdigest())
+    rec.update(offset=offset, length=len(blob),
+               sha256=item_digest(key, None if chunk is None else rec["offsets"], blob))
     m["files"]["__0_0.distcp"]["size"] = data.stat().st_size
     _rewrite(path, m)
 
@@ -220,3 +222,52 @@ def test_bad_arguments_name_the_value(tmp_path):
     with pytest.raises(TypeError, match="path must be a non-empty str or os.PathLike directory, got None"):
         checkpoint.load({"w": torch.ones(1)}, None)
     assert not (tmp_path / "c").exists()
+
+
+def _three(dev, tmp_path, on_device):
+    """A checkpoint of a, b, c (c stored last) and targets holding -1 on CPU or on the device."""
+    mesh = Mesh(range(8), (2, 4), ("a", "b"))
+    vals = {k: torch.arange(32.).reshape(8, 4) + 100 * i for i, k in enumerate("abc")}
+    checkpoint.save({k: xla_dtensor.distribute_tensor(v, mesh, [Shard(0), Replicate()]) for k, v in vals.items()},
+                    tmp_path / "c")
+    if on_device:
+        tgt = {k: xla_dtensor.distribute_tensor(torch.full((8, 4), -1.0), mesh, [Replicate(), Shard(1)]) for k in "abc"}
+    else:
+        tgt = {k: torch.full((8, 4), -1.0) for k in "abc"}
+    return tmp_path / "c", tgt
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["cpu", "device"])
+def test_a_failed_load_leaves_every_target_as_it_was(dev, tmp_path, on_device):
+    """Issue 41, item 3: the last chunk of 'c' damaged -> an error and a, b, c all still -1 (before: a and b
+    overwritten, with CPU targets c partly)."""
+    path, tgt = _three(dev, tmp_path, on_device)
+    m = _manifest(path)
+    last = max(m["entries"]["c"]["chunks"], key=lambda c: c["offset"])
+    data = bytearray((path / last["file"]).read_bytes())
+    data[last["offset"] + last["length"] - 3] ^= 0x5A
+    (path / last["file"]).write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="checksum mismatch in the bytes of 'c'"):
+        checkpoint.load(tgt, path)
+    for k, t in tgt.items():
+        assert torch.equal(t.cpu(), torch.full((8, 4), -1.0)), k
+    data[last["offset"] + last["length"] - 3] ^= 0x5A  # the control: repaired, the same targets fill exactly
+    (path / last["file"]).write_bytes(bytes(data))
+    checkpoint.load(tgt, path)
+    for i, k in enumerate("abc"):
+        assert torch.equal(tgt[k].cpu(), torch.arange(32.).reshape(8, 4) + 100 * i), k
+
+
+@pytest.mark.parametrize("swap", ["two chunks of one tensor", "chunks of two tensors"])
+def test_swapped_chunk_records_are_an_error(tmp_path, swap):
+    path, tgt = _three(None, tmp_path, False)
+    m = _manifest(path)
+    a, b = (m["entries"]["a"]["chunks"][:2] if swap == "two chunks of one tensor"
+            else (m["entries"]["a"]["chunks"][0], m["entries"]["b"]["chunks"][0]))
+    fields = ("file", "offset", "length", "sha256")  # where the bytes are, with their checksum
+    for f in fields:
+        a[f], b[f] = b[f], a[f]
+    _rewrite(path, m)
+    with pytest.raises(CheckpointError, match="checksum mismatch .*records were swapped"):
+        checkpoint.load(tgt, path)
+    assert all(torch.equal(t, torch.full((8, 4), -1.0)) for t in tgt.values())
