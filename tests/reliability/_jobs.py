@@ -94,7 +94,8 @@ def plan_cache(cache_dir: str, writer: int, rounds: int, out: str) -> None:
 
 
 def peer(me: int, port: int, scenario: str, timeout: float) -> None:
-    """One process of a 2-process job: ``victim-dies`` (process 1 is killed mid-training), ``alone``."""
+    """One process of a 2-process job: ``victim-dies`` (process 1 is killed mid-training), ``root-dies``
+    (process 0, the coordination service, is), ``alone``."""
     from xla_dtensor.runtime import PeerFailureError, initialize_distributed
     t0 = time.time()
     try:
@@ -114,7 +115,7 @@ def peer(me: int, port: int, scenario: str, timeout: float) -> None:
             if step == 3:
                 died = time.time()
                 print(f"RESULT step3 at {died:.3f}", flush=True)
-                if scenario == "victim-dies" and me == 1:
+                if scenario == "victim-dies" and me == 1 or scenario == "root-dies" and me == 0:
                     os.kill(os.getpid(), signal.SIGKILL)
             w = w * 1.0 + 0.0
             float(xs.to_host(w.sum()))  # a cross-process reduction every step
