@@ -27,6 +27,11 @@ class Config:
             replay and compare the graph with the cached one (0: never). A re-check
             costs a lazy trace (~22 ms of host CPU for a 4-layer GPT-2 step against
             ~0.7 ms a replay, ``benchmarks/spmd_step.py``): at 50 that is ~0.4 ms a call.
+        compile_cache_size: programs (input signatures) kept per ``xla_dtensor.compile``
+            function, least recently used dropped first, with a ``RetraceWarning`` the
+            first time (a function that keeps retracing). Optimizer hyperparameters
+            (learning-rate schedules) are program inputs, not signatures. The
+            executables themselves live in the process-wide LRU (``cache_size``).
         recompile_warn_limit: warn when one call site has compiled more than this
             many different programs.
         check_indices: bounds-check the indices of indexing ops (embedding, ``x[idx]``,
@@ -46,6 +51,7 @@ class Config:
     check_lowerings: bool = True
     compile_check_every: int = 50
     recompile_warn_limit: int = 8
+    compile_cache_size: int = 32
     check_indices: bool | None = None
     fused_attention: bool = True
 
@@ -53,8 +59,8 @@ class Config:
         if name not in type(self).__dataclass_fields__:
             allowed = ", ".join(type(self).__dataclass_fields__)
             raise AttributeError(f"unknown config option {name!r}; options are: {allowed}")
-        if name == "cache_size" and (not isinstance(value, int) or value < 1):
-            raise ValueError(f"cache_size must be a positive int, got {value!r}")
+        if name in ("cache_size", "compile_cache_size") and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
         if name in ("compile_check_every", "recompile_warn_limit") and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ValueError(f"{name} must be an int >= 0, got {value!r}")

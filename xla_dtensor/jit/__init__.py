@@ -9,8 +9,8 @@ Example:
 from __future__ import annotations
 
 from xla_dtensor.jit.function import (CompiledFunction, DataDependentWarning, FreedInputWarning, GraphChangedWarning,
-                                      UnevenLayoutWarning, compile)
+                                      HyperparameterWarning, RetraceWarning, UnevenLayoutWarning, compile)
 from xla_dtensor.jit.hidden import HiddenStateWarning
 
 __all__ = ["CompiledFunction", "DataDependentWarning", "FreedInputWarning", "GraphChangedWarning",
-           "HiddenStateWarning", "UnevenLayoutWarning", "compile"]
+           "HiddenStateWarning", "HyperparameterWarning", "RetraceWarning", "UnevenLayoutWarning", "compile"]

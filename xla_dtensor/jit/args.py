@@ -19,9 +19,30 @@ from xla_dtensor.core.tensor import LazyTensor
 _SCALARS = (int, float, bool, str, complex, type(None))
 
 
-def _hyper(opt: torch.optim.Optimizer) -> tuple:
-    return tuple(tuple((k, v) for k, v in g.items() if k != "params" and type(v) in _SCALARS + (tuple,))
-                 for g in opt.param_groups)
+def _hyper_value(v: Any, static: bool) -> Any:
+    """A hyperparameter in the signature: floats and 0-d CPU tensors are program inputs
+    (:mod:`xla_dtensor.jit.hyper`), so only their kind counts, unless ``static``."""
+    tp = type(v)
+    if tp is float:
+        return v if static else float
+    if tp is tuple:
+        return tuple([_hyper_value(i, static) for i in v])
+    if tp in _SCALARS:
+        return v
+    if isinstance(v, torch.Tensor) and not isinstance(v, LazyTensor) and v.dim() == 0 and v.device.type == "cpu":
+        return ("cpu0", v.dtype, v.item() if static or not v.dtype.is_floating_point else None)
+    return _SKIP
+
+
+_SKIP = object()
+
+
+def _hyper(opt: torch.optim.Optimizer, static: bool = False) -> tuple:
+    out = []
+    for g in opt.param_groups:
+        items = [(k, _hyper_value(v, static)) for k, v in g.items() if k != "params"]
+        out.append(tuple([(k, v) for k, v in items if v is not _SKIP]))
+    return tuple(out)
 
 
 def chain_key(t: LazyTensor) -> tuple:
@@ -30,7 +51,7 @@ def chain_key(t: LazyTensor) -> tuple:
     return tuple([(id(s.entry), s.index) for s in chain]) if chain else ()
 
 
-def _sig(x: Any, flat: list) -> Any:
+def _sig(x: Any, flat: list, static: bool = False) -> Any:
     tp = type(x)
     if tp in _SCALARS:
         return (tp, x)
@@ -41,15 +62,15 @@ def _sig(x: Any, flat: list) -> Any:
         flat.append(x)
         return ("H", tuple(x.shape), x.dtype)
     if tp is tuple or tp is list:
-        return (tp, tuple([_sig(v, flat) for v in x]))
+        return (tp, tuple([_sig(v, flat, static) for v in x]))
     if tp is dict:
-        return (dict, tuple([(k, _sig(v, flat)) for k, v in x.items()]))
+        return (dict, tuple([(k, _sig(v, flat, static)) for k, v in x.items()]))
     if isinstance(x, torch.nn.Module):
         flat.append(x)
         return ("M", id(x), x.training)
     if isinstance(x, torch.optim.Optimizer):
         flat.append(x)
-        return ("O", id(x), len(x.state), _hyper(x))
+        return ("O", id(x), len(x.state), _hyper(x, static))
     try:
         hash(x)
     except TypeError:
@@ -60,11 +81,13 @@ def _sig(x: Any, flat: list) -> Any:
 HIDDEN = "hidden"
 
 
-def signature(args: tuple, kwargs: dict, flat: list, hidden: tuple = ()) -> tuple:
+def signature(args: tuple, kwargs: dict, flat: list, hidden: tuple = (), static: bool = False) -> tuple:
     """The call's signature; appends its tensors, modules and optimizers to ``flat``.
 
     ``hidden``: the Python values the function reads from its globals and closure
-    (:mod:`xla_dtensor.jit.hidden`), as ``((name, snapshot), ...)``.
+    (:mod:`xla_dtensor.jit.hidden`), as ``((name, snapshot), ...)``. An optimizer's float
+    hyperparameters (and 0-d CPU tensor ones) count by kind only: they are program inputs;
+    ``static``: by value (a function whose trace could not make them inputs).
 
     Example:
         >>> import torch
@@ -72,9 +95,9 @@ def signature(args: tuple, kwargs: dict, flat: list, hidden: tuple = ()) -> tupl
         >>> signature((torch.zeros(2), 3), {}, flat)[1]
         (<class 'int'>, 3)
     """
-    key = tuple([_sig(a, flat) for a in args])
+    key = tuple([_sig(a, flat, static) for a in args])
     if kwargs:
-        key += tuple([(k, _sig(v, flat)) for k, v in kwargs.items()])
+        key += tuple([(k, _sig(v, flat, static)) for k, v in kwargs.items()])
     if hidden:
         key += ((HIDDEN, hidden),)
     return key + (torch.is_grad_enabled(), autocast_state())

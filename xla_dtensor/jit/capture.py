@@ -13,6 +13,8 @@ outputs). Each leaf gets a *source*, which says where a later call finds its val
   argument reaches: a later call cannot find its value, so the call is never replayed;
 * ``("key",)``: a fresh PRNG key, drawn from the device generator;
 * ``("host", k, dtype)``: a CPU tensor argument moved to the device inside ``fn``;
+* ``("hyper", expr)``: a Python scalar computed from the optimizers' hyperparameters
+  (:mod:`xla_dtensor.jit.hyper`), recomputed from their current values on every call;
 * ``("const", value)``: anything else (Python scalars, tensors built inside ``fn``).
 
 Before a trace, the optimizers' equal 0-d state tensors (torch keeps one step counter
@@ -90,6 +92,9 @@ class Capture:
     unpad: dict = field(default_factory=dict)  # written storage index -> (shape, sharding) to unpad its result to
     keys: list = field(default_factory=list)  # per node (topological order), its key (for messages)
     node_names: dict = field(default_factory=dict)  # node position of a leaf -> names[leaf]
+    hyper: list = field(default_factory=list)  # the optimizers' float hyperparameters (jit.hyper.bases)
+    hyper_values: tuple = ()    # their values when traced
+    hyper_guards: list = field(default_factory=list)  # comparisons made on them while tracing
 
 
 def _params(flat: list) -> list[torch.Tensor]:

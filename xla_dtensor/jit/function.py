@@ -21,7 +21,7 @@ import jax
 import torch
 
 from xla_dtensor import metrics
-from xla_dtensor.jit import layouts, replay
+from xla_dtensor.jit import hyper, layouts, replay
 from xla_dtensor.jit.args import describe_change, signature
 from xla_dtensor.jit.capture import capture, make_capturable, share_equal_scalars
 from xla_dtensor.jit.hidden import Hidden
@@ -51,8 +51,15 @@ class FreedInputWarning(UserWarning):
     """A compiled function read a tensor that it freed and that no argument reaches."""
 
 
+class RetraceWarning(UserWarning):
+    """A compiled function keeps tracing new signatures (more than ``config.compile_cache_size``)."""
+
+
+class HyperparameterWarning(UserWarning):
+    """A compiled function's optimizer hyperparameters could not become program inputs."""
+
+
 _CLEAN: dict[int, tuple[int, int]] = {}  # per thread (core.threads owner): the op counts when it had nothing pending
-MAX_SIGNATURES = 64  # programs kept per compiled function (a watched global that keeps changing adds one per value)
 
 
 def _pending() -> bool:
@@ -74,6 +81,8 @@ class CompiledFunction:
         self._lazy: set[tuple] = set()
         self._unshared: set[tuple] = set()  # signatures whose equal optimizer scalars must not share a value
         self._last_sig: tuple | None = None
+        self._static_hyper = False  # a trace could not make the hyperparameters inputs: they are signature values
+        self._evicted = 0
         self._name = getattr(fn, "__qualname__", repr(fn))
         self._hidden = Hidden(fn)
         functools.update_wrapper(self, fn)
@@ -81,7 +90,7 @@ class CompiledFunction:
     @threads.locked  # NOTE: a whole call: no other thread's op may land in a trace or between gather and rebind
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         flat: list = []
-        sig = signature(args, kwargs, flat, self._hidden.key())
+        sig = signature(args, kwargs, flat, self._hidden.key(), self._static_hyper)
         e = self._entries.get(sig)
         if e is not None and not e.always_trace:
             e.calls += 1
@@ -96,6 +105,8 @@ class CompiledFunction:
                     executor.sync(all_threads=True)  # another thread's pending value reads a buffer donated here
                     inputs = e.gather(flat)
                 if type(inputs) is list:
+                    if len(self._entries) > 1:
+                        self._entries[sig] = self._entries.pop(sig)  # most recently used last
                     out = e.apply(e.compiled(*inputs), flat)
                     c = metrics._COUNTS
                     c["compile_replays"] += 1
@@ -107,7 +118,9 @@ class CompiledFunction:
                                        site=self._name)
                     return out
                 reason = f"retrace: {inputs}"
-                if type(inputs) is replay.NewProgram:
+                if type(inputs) is replay.Recheck:
+                    reason = f"periodic re-check: {inputs}"
+                elif type(inputs) is replay.NewProgram:
                     e = None  # a different program on purpose (separate inputs), not a changed graph
                     del self._entries[sig]
             else:
@@ -148,7 +161,7 @@ class CompiledFunction:
     def _trace(self, sig: tuple, flat: list, args: tuple, kwargs: dict, reason: str, old: replay.Entry | None) -> Any:
         make_capturable(flat)
         flat = []
-        sig = signature(args, kwargs, flat, self._hidden.key())
+        sig = signature(args, kwargs, flat, self._hidden.key(), self._static_hyper)
         old = self._entries.get(sig, old)
         from xla_dtensor.eager import suspended
         executor.sync(all_threads=True)  # NOTE: a pending value of any thread read by fn would be traced as a constant
@@ -156,9 +169,22 @@ class CompiledFunction:
             share_equal_scalars(flat)
         t0 = time.perf_counter()
         # NOTE: backward on this thread: torch's autograd thread would wait for the lock this call holds
-        with suspended(), torch.autograd.set_multithreading_enabled(False):
-            cap, out = capture(self._fn, args, kwargs, flat)
+        where = [] if self._static_hyper else hyper.bases(flat)
+        with suspended(), torch.autograd.set_multithreading_enabled(False), hyper.recording() as rec:
+            with hyper.substituted(flat, where):
+                watch = where or any(isinstance(x, torch.optim.Optimizer) for x in flat)
+                cap, out = capture(_watched(self._fn, rec) if watch else self._fn, args, kwargs, flat)
         timing.record("trace", time.perf_counter() - t0)
+        if where and rec.escapes:
+            self._static_hyper = True
+            warnings.warn(HyperparameterWarning(
+                f"compile({self._name}): {rec.escapes[0]}; the optimizers' float hyperparameters stay values "
+                f"of the signature (a changed value traces, and may compile, a program of its own)"), stacklevel=3)
+            sig = signature(args, kwargs, [], self._hidden.key(), True)
+            old = self._entries.get(sig)
+        elif where:
+            _hyper_sources(cap, rec, where, hyper.values(flat, where))
+        del rec
         recheck = old is not None and reason.startswith("periodic")
         metrics._COUNTS["compile_rechecks" if recheck else "compile_traces"] += 1
         if cap.host_reads:
@@ -207,6 +233,9 @@ class CompiledFunction:
         entry = replay.Entry(cap, compiled, list(results))
         if old is not None:
             entry.calls = old.calls
+            if old.hyper_where == entry.hyper_where and old.hyper_values and entry.hyper_values:
+                entry.hyper_checked = old.hyper_checked | {
+                    i for i, (a, b) in enumerate(zip(old.hyper_values, entry.hyper_values)) if a != b}
             diff = replay.compare(old, cap)
             if diff is not None:
                 entry.always_trace = True
@@ -216,9 +245,10 @@ class CompiledFunction:
                     stacklevel=3)
             elif old.always_trace:
                 entry.always_trace = True
-        self._entries[sig] = entry
-        if len(self._entries) > MAX_SIGNATURES:  # the oldest signature goes (its executable stays in the LRU)
-            del self._entries[next(iter(self._entries))]
+        self._entries.pop(sig, None)
+        self._entries[sig] = entry  # NOTE: insertion order is recency (a replay moves its entry last)
+        if len(self._entries) > config.compile_cache_size:
+            self._evict(reason)
         self._last_sig = sig
         res = entry.apply(results, flat, unpad=False)
         for hook in executor.POST_SYNC:  # uneven storages: the sticky hook unpads what it padded at capture
@@ -226,12 +256,41 @@ class CompiledFunction:
         _mark_clean()
         return res
 
+    def _evict(self, reason: str) -> None:
+        """Drop the least recently used signature's program; warn the first time."""
+        del self._entries[next(iter(self._entries))]
+        self._evicted += 1
+        if self._evicted == 1:
+            warnings.warn(RetraceWarning(
+                f"compile({self._name}) keeps tracing new signatures: more than config.compile_cache_size="
+                f"{config.compile_cache_size} programs, the least recently used are dropped (last: {reason}). "
+                f"Pass values that change every call as tensors"), stacklevel=4)
+
     def clear(self) -> None:
         """Forget every traced signature."""
         self._entries.clear()
         self._lazy.clear()
         self._unshared.clear()
         self._last_sig = None
+
+
+def _watched(fn: Callable[..., Any], rec: hyper.Recorder) -> Callable[..., Any]:
+    """``fn`` under :class:`xla_dtensor.jit.hyper.Watch`."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with hyper.Watch(rec):
+            return fn(*args, **kwargs)
+    return run
+
+
+def _hyper_sources(cap: Any, rec: hyper.Recorder, where: list, vals: tuple | None) -> None:
+    """The scalar leaves computed from hyperparameters become ``("hyper", expr)`` inputs."""
+    if vals is None:
+        return
+    for i, n in enumerate(cap.leaves):
+        e = rec.params.get(id(n))
+        if e is not None and cap.sources[i][0] == "const":
+            cap.sources[i] = ("hyper", e)
+    cap.hyper, cap.hyper_values, cap.hyper_guards = where, vals, rec.guards
 
 
 def _executable(cap: Any) -> tuple[Any, bool]:

@@ -19,7 +19,7 @@ from xla_dtensor.jit.capture import Capture
 from xla_dtensor.jit.host_reads import host_array
 from xla_dtensor.core.ir import DATA, Node, data_leaf
 from xla_dtensor.core.tensor import LazyTensor, new_tensor
-from xla_dtensor.jit import describe
+from xla_dtensor.jit import describe, hyper
 from xla_dtensor.spmd import layout as L
 from xla_dtensor.jit.args import chain_key
 from xla_dtensor.random import next_key
@@ -35,13 +35,20 @@ class NewProgram(str):
     purpose (shared step counters split, other gradients), not a changed graph."""
 
 
+class Recheck(str):
+    """A hyperparameter changed for the first time since the trace: re-trace once and compare
+    (a value derived from it outside the recorded arithmetic would show as a changed constant)."""
+
+
+
 class Entry:
     """One signature's program (see the module docstring)."""
 
     __slots__ = ("compiled", "template", "arg_in", "cap_in", "grad_in", "key_in", "host_in", "grad_present",
                  "cleared", "state_w", "grad_w", "out_w", "out_spec", "donate", "keep", "struct", "ops", "sources",
                  "calls", "always_trace", "n_in", "n_out", "alias_in", "keys", "node_names", "in_info", "pad_in",
-                 "names")
+                 "names", "hyper_where", "hyper_in", "hyper_guards", "hyper_values", "hyper_checked",
+                 "hyper_last")
 
     def __init__(self, cap: Capture, compiled: Any, results: list) -> None:
         self.compiled, self.struct, self.ops, self.sources = compiled, cap.struct, cap.ops, cap.sources
@@ -53,6 +60,11 @@ class Entry:
         self.template: list[Any] = [None] * len(pos)
         self.arg_in, self.cap_in, self.grad_in, self.key_in, self.host_in = [], [], [], [], []
         self.pad_in: list[tuple] = []  # (input, "arg" or "cap", argument index or storage ref, hash): uneven storages
+        self.hyper_in: list[tuple] = []  # (input, expression over the hyperparameters, sharding)
+        self.hyper_where, self.hyper_guards, self.hyper_values = cap.hyper, cap.hyper_guards, cap.hyper_values
+        self.hyper_checked: set[int] = set()  # hyperparameters seen changing and re-checked
+        self.hyper_last: tuple = (None, None)  # (values, their device arrays) of the last call
+        in_shardings = compiled.input_shardings[0] if any(s[0] == "hyper" for s in cap.sources) else ()
         for k, (src, n) in enumerate(zip(cap.sources, cap.leaves)):
             if k not in pos:  # a baked constant
                 continue
@@ -70,6 +82,8 @@ class Entry:
                 self.key_in.append(i)
             elif kind == "host":
                 self.host_in.append((i, src[1], src[2]))
+            elif kind == "hyper":
+                self.hyper_in.append((i, src[1], in_shardings[i]))
             else:
                 self.template[i] = src[1]
         self.donate = tuple(pos[i] for i in cap.donate)
@@ -154,6 +168,10 @@ class Entry:
         for i, k, dtype in self.host_in:
             inputs[i] = jax.device_put(host_array(flat[k], dtype))
             metrics._COUNTS["transfers_to_device"] += 1
+        if self.hyper_where:
+            why = self.hyper_inputs(flat, inputs)
+            if why is not None:
+                return why
         for i, refs in self.alias_in:  # storages that shared one value when traced (equal step counters)
             for ref in refs:
                 s = ref()
@@ -164,6 +182,29 @@ class Entry:
             if len(ids) < len(self.donate) or any(id(inputs[i]) in ids for i in self.keep):
                 return "a donated buffer is shared with another input"
         return inputs
+
+    def hyper_inputs(self, flat: list, inputs: list) -> str | None:
+        """Put this call's hyperparameter-derived scalars into ``inputs``; else why they do not fit."""
+        vals = hyper.values(flat, self.hyper_where)
+        if vals is None:
+            return NewProgram("an optimizer hyperparameter is no longer a float or a 0-d CPU tensor")
+        last, arrays = self.hyper_last
+        if vals != last:
+            if vals != self.hyper_values:
+                if not hyper.guards_hold(self.hyper_guards, vals):
+                    return NewProgram("a comparison on an optimizer hyperparameter made while tracing "
+                                      "(or its value 0 or 1, a literal) came out differently")
+                changed = {i for i, (a, b) in enumerate(zip(vals, self.hyper_values)) if a != b}
+                if not changed <= self.hyper_checked:
+                    names = sorted({self.hyper_where[i][2] for i in changed - self.hyper_checked})
+                    return Recheck(f"first change of optimizer hyperparameter(s) {', '.join(names)}: "
+                                   f"re-traced once to compare")
+            arrays = [jax.device_put(jax.numpy.asarray(hyper.evaluate(e, vals)), sh) for _, e, sh in self.hyper_in]
+            metrics._COUNTS["transfers_to_device"] += len(arrays)
+            self.hyper_last = (vals, arrays)
+        for (i, _, _), a in zip(self.hyper_in, arrays):
+            inputs[i] = a
+        return None
 
     def heal(self, i: int, value: Node) -> bool:
         """Whether program input ``i``'s new value is device data of the traced shape and dtype in an
@@ -288,6 +329,8 @@ def compare(entry: Entry, cap: Capture) -> str | None:
             return f"program input {i} reads the {now.strip(' ()') or 'gradient of another parameter'}, was{was}"
         if s0[0] in ("arg", "host") and s0[1] != s1[1]:
             return f"program input {i} reads argument #{s1[1]}, was #{s0[1]}"
+        if s0[0] == "hyper" and s0[1] != s1[1]:
+            return f"program input {i} is computed from the optimizer hyperparameters as {s1[1]}, was {s0[1]}"
         if s0[0] == "const" and not _same(s0[1], s1[1]):
             return f"constant program input {i} was {_short(s0[1])}, now {_short(s1[1])} (data-dependent Python?)"
     return None
