@@ -39,3 +39,15 @@ def train(model: Callable[..., torch.Tensor], batches: Iterable[Sequence[Any]], 
             sync()
         losses.append(loss.item())
     return losses
+
+
+def sharded_batch(mesh: Any, dev: torch.device, spec: tuple = ("data", None)) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A ``put`` for :func:`train`: each batch tensor moved to ``dev`` and split by ``spec`` over ``mesh``."""
+    import xla_dtensor.spmd as xs
+
+    def put(t: torch.Tensor) -> torch.Tensor:
+        t = t.to(dev)
+        xs.mark_sharding(t, mesh, spec)
+        return t
+    return put
+

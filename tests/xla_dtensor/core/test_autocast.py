@@ -27,6 +27,7 @@ from autoshard.models import GPT2, GPT2Config
 from xla_dtensor import metrics
 from xla_dtensor.core import autocast as AC
 from xla_dtensor.fsdp import shard_model
+from tests._train import sharded_batch
 
 BF16, F32 = torch.bfloat16, torch.float32
 CFG = GPT2Config(vocab=64, n_positions=16, n_embd=32, n_layer=2, n_head=4)
@@ -403,14 +404,6 @@ COLWISE = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.c_fc")
 ROWWISE = ("attn.c_proj", "mlp.c_proj")
 
 
-def _batch_on(mesh, dev):
-    def put(t):
-        t = t.to(dev)
-        xs.mark_sharding(t, mesh, ("data", None))
-        return t
-    return put
-
-
 _LAYOUTS = {"tp": {"h.0.attn.q_proj.weight": ("model", None), "h.0.mlp.c_proj.weight": (None, "model")},
             "fsdp": {"h.0.mlp.c_fc.weight": ("fsdp", None), "h.0.mlp.c_proj.weight": (None, "fsdp")}}
 
@@ -436,9 +429,9 @@ def _sharded(mode, model, dev):
         for block in m.h:
             parallelize_module(block, xs.submesh(dm, "model"), plan)
         xla_dtensor.distribute_module(m, dm)
-        return m, _batch_on(xs.Mesh(range(8), (2, 4), ("data", "model")), dev)
+        return m, sharded_batch(xs.Mesh(range(8), (2, 4), ("data", "model")), dev)
     mesh = xs.Mesh(range(8), (8,), ("data",))
-    return m.to(dev), _batch_on(mesh, dev)
+    return m.to(dev), sharded_batch(mesh, dev)
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,8 @@ from xla_dtensor.debug import analysis
 from xla_dtensor.fsdp import shard_model
 from xla_dtensor.jit import GraphChangedWarning
 
+from tests._train import sharded_batch
+
 from ._models import train_step
 
 STEPS = 10
@@ -82,7 +84,7 @@ def _prepare(mode: str, model: GPT2, dev):
         expected.update({f"h.0.{n}.weight": ("model", None) for n in COLWISE})
         expected.update({f"h.0.{n}.bias": ("model",) for n in COLWISE})
         expected.update({f"h.0.{n}.weight": (None, "model") for n in ROWWISE})
-        return m, _batch_on(mesh, dev), expected
+        return m, sharded_batch(mesh, dev), expected
     if mode == "dp":
         mesh = xs.Mesh(range(8), (8,), ("data",))
     else:  # Megatron on a HybridMesh: "data" across two simulated granules (hosts), "model" inside each
@@ -97,15 +99,7 @@ def _prepare(mode: str, model: GPT2, dev):
         for name in ROWWISE:
             xs.mark_sharding(m.h[0].get_submodule(name).weight, mesh, (None, "model"))
             expected[f"h.0.{name}.weight"] = (None, "model")
-    return m, _batch_on(mesh, dev), expected
-
-
-def _batch_on(mesh, dev):
-    def put(t):
-        t = t.to(dev)
-        xs.mark_sharding(t, mesh, ("data", None))
-        return t
-    return put
+    return m, sharded_batch(mesh, dev), expected
 
 
 def _plan_specs(model: GPT2) -> dict[str, tuple]:
