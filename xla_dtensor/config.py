@@ -36,9 +36,11 @@ class Config:
             many different programs.
         check_indices: bounds-check the indices of indexing ops (embedding, ``x[idx]``,
             gather, index_select, take, index_put, scatter, index_add/copy/fill,
-            nll_loss) and raise torch's error at the next barrier (``True``); let XLA
-            clamp them (``False``); ``None`` (default): check in eager mode only.
-            See ``xla_dtensor/core/index_checks.py``.
+            nll_loss) and raise torch's error at the next barrier (``True``, the
+            default: measured +0.3 to +1.1% of a GPT-2 step's CPU time,
+            ``benchmarks/results/index_check_cost.md``); let XLA clamp them
+            (``False``); ``None``: check in eager mode only. A replay of
+            ``xla_dtensor.compile`` is never checked. See ``xla_dtensor/core/index_checks.py``.
         fused_attention: record ``F.scaled_dot_product_attention`` (lazy mode and
             ``compile``) as one attention op lowered to the platform's fused kernel
             (cuDNN on GPU, Pallas on TPU, XLA's math on CPU); ``False``: torch's
@@ -52,7 +54,7 @@ class Config:
     compile_check_every: int = 50
     recompile_warn_limit: int = 8
     compile_cache_size: int = 32
-    check_indices: bool | None = None
+    check_indices: bool | None = True
     fused_attention: bool = True
 
     def __setattr__(self, name: str, value: object) -> None:

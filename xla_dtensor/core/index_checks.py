@@ -12,17 +12,16 @@ user's source line; a plain ``sync()`` reads them at the next barrier after it, 
 it has launched its own program, so tracing the next step still overlaps running this
 one. The values the step computed are kept (with the clamped reads).
 
-Default (``check_indices = None``): on in eager mode, off in lazy mode. Inside
-``xla_dtensor.compile`` indices are not checked (a replay runs no Python).
+Default (``check_indices = True``): on in lazy and eager mode; ``None``: eager mode
+only; ``False``: off. Inside ``xla_dtensor.compile`` indices are not checked (a replay
+runs no Python).
 
 Example:
     >>> import torch, xla_dtensor
-    >>> xla_dtensor.config.check_indices = True
     >>> x = torch.arange(10.0, device=xla_dtensor.device())[torch.tensor([15])]
     >>> xla_dtensor.sync()  # doctest: +SKIP
     Traceback (most recent call last):
     IndexError: index 15 is out of bounds for dimension 0 with size 10 (aten.index.Tensor at ...)
-    >>> xla_dtensor.config.check_indices = None
 """
 from __future__ import annotations
 

@@ -165,6 +165,7 @@ class CompiledFunction:
         old = self._entries.get(sig, old)
         from xla_dtensor.eager import suspended
         executor.sync(all_threads=True)  # NOTE: a pending value of any thread read by fn would be traced as a constant
+        layouts.settle_hyperparameters(x for x in flat if isinstance(x, torch.optim.Optimizer))
         if sig not in self._unshared:
             share_equal_scalars(flat)
         t0 = time.perf_counter()

@@ -27,6 +27,7 @@ Example:
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Iterable
 
 import jax
@@ -35,7 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from xla_dtensor.core import executor
 from xla_dtensor.core.ir import DATA, Node, data_leaf
-from xla_dtensor.core.tensor import LazyTensor, Storage
+from xla_dtensor.core.tensor import LazyTensor, Storage, value_of
 from xla_dtensor.spmd import layout as L
 
 
@@ -158,6 +159,23 @@ def new_slots(optimizers: Iterable[torch.optim.Optimizer], start: int) -> list[t
                 if isinstance(t, LazyTensor) and t._storage.seq > start and t._storage.value.fn is not None:
                     out.append((p, t))
     return out
+
+
+def settle_hyperparameters(optimizers: Iterable[torch.optim.Optimizer]) -> None:
+    """Replicate each small tensor hyperparameter on one device (a device-tensor lr, which a
+    scheduler's ``fill_`` rewrites on one device) over the mesh of its group's parameters, so
+    that a trace reads it replicated; a replay replicates the scheduler's new value
+    (:meth:`xla_dtensor.jit.replay.Entry.replicate`)."""
+    for opt in optimizers:
+        for group in opt.param_groups:
+            mesh = program_mesh([value_of(p) for p in group["params"][:1] if isinstance(p, LazyTensor)], [])
+            if mesh is None:
+                continue
+            for v in group.values():
+                for t in (v if type(v) is tuple else (v,)):
+                    if isinstance(t, LazyTensor) and t.numel() <= 4096 and not t._chain \
+                            and single_device(t._storage.value):
+                        settle([(t._storage.value, [weakref.ref(t._storage)], replicated(mesh))])
 
 
 def settle(inputs: list[tuple[Node, list, Any]]) -> None:

@@ -8,6 +8,7 @@ or replaced, clears those it cleared, and wraps the outputs.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -33,6 +34,9 @@ GRADS_CHANGED = "gradients differ from the traced call"
 class NewProgram(str):
     """Why a call does not fit its signature's program when the fit is a different program on
     purpose (shared step counters split, other gradients), not a changed graph."""
+
+
+_REPLICATE_MAX = 1 << 12  # elements of a one-device input replicated at replay (scalars, small vectors)
 
 
 class Recheck(str):
@@ -128,7 +132,11 @@ class Entry:
         for i, k, h in self.arg_in:
             v = flat[k]._storage.value
             if v.hash != h and not self.heal(i, v):
-                return self.mismatch(i, v)
+                arr = self.replicate(i, v)
+                if arr is None:
+                    return self.mismatch(i, v)
+                inputs[i] = arr
+                continue
             inputs[i] = v.data
         for i, ref, h in self.cap_in:
             s = ref()
@@ -136,7 +144,11 @@ class Entry:
                 return f"captured tensor (program input {i}) was freed"
             v = s.value
             if v.hash != h and not self.heal(i, v):
-                return self.mismatch(i, v)
+                arr = self.replicate(i, v)
+                if arr is None:
+                    return self.mismatch(i, v)
+                inputs[i] = arr
+                continue
             inputs[i] = v.data
         for ref, had in self.grad_present:
             p = ref()
@@ -226,6 +238,20 @@ class Entry:
         self.pad_in = [(a, kd, r, h if a == i else x) for a, kd, r, x in self.pad_in]
         self.in_info[i] = (name, value.key)
         return True
+
+    def replicate(self, i: int, value: Node) -> Any:
+        """Program input ``i`` traced replicated over the mesh, now a small array on one device
+        (a tensor lr that a scheduler's ``fill_`` rewrote on one device every step): the array
+        replicated for this call; else ``None``."""
+        _, key = self.in_info.get(i, (None, None))
+        if key is None or value.op != DATA or value.fn is not None or value.key[1:3] != key[1:3]:
+            return None
+        old, new = key[3], value.key[3]
+        if old is None or new is None or not old.is_fully_replicated or len(new.device_set) != 1 \
+                or len(old.device_set) == 1 or math.prod(key[1]) > _REPLICATE_MAX:
+            return None
+        metrics._COUNTS["transfers_to_device"] += 1
+        return jax.device_put(value.data, old)
 
     def mismatch(self, i: int, value: Node) -> NewProgram:
         """Program input ``i`` holds ``value``, which is not the traced device data: a new program

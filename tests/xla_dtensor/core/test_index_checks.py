@@ -124,18 +124,24 @@ def test_item_is_a_barrier_too(dev: torch.device, checking: Any) -> None:
         F.embedding(torch.tensor([0, 10]).to(dev), W.to(dev)).sum().item()
 
 
-def test_default_checks_in_eager_mode_only(dev: torch.device) -> None:
-    assert xla_dtensor.config.check_indices is None
+def test_default_checks_in_lazy_and_eager_mode_and_the_switch_turns_them_off(dev: torch.device) -> None:
+    assert xla_dtensor.config.check_indices is True
     emb = W.to(dev)
-    F.embedding(torch.tensor([12]).to(dev), emb)
-    xla_dtensor.sync()  # lazy mode: unchecked (XLA fills / clamps)
-    xla_dtensor.eager_mode(True)
     try:
+        out = F.embedding(torch.tensor([12]).to(dev), emb)
+        with pytest.raises(IndexError, match="12"):
+            out.sum().item()  # lazy mode: checked by default
+        xla_dtensor.config.check_indices = False
+        F.embedding(torch.tensor([12]).to(dev), emb).sum().item()  # off: XLA fills / clamps
+        xla_dtensor.config.check_indices = None
+        F.embedding(torch.tensor([12]).to(dev), emb).sum().item()  # None: lazy mode unchecked
+        xla_dtensor.eager_mode(True)
         out = F.embedding(torch.tensor([12]).to(dev), emb)
         with pytest.raises(IndexError, match="12"):
             out.sum().item()
     finally:
         xla_dtensor.eager_mode(False)
+        xla_dtensor.config.check_indices = True
         index_checks.PENDING.clear()
         index_checks.LAUNCHED.clear()
 
