@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import operator
-import weakref
 from typing import Any, Callable
 
 from xla_dtensor import metrics
@@ -48,19 +47,28 @@ class Node:
         return f"Node({self.op}, {kind}, hash={self.hash & 0xffffffff:08x})"
 
 
-_CONS: weakref.WeakValueDictionary[tuple, Node] = weakref.WeakValueDictionary()
+# NOTE: a plain dict, emptied at every barrier (see clear_cons) and when it passes CONS_LIMIT
+# entries. A WeakValueDictionary cost ~2.5 us per recorded node (a KeyedRef made on insert,
+# a Python callback on the node's death at sync): a sixth of a lazy GPT step's host time
+# (benchmarks/lazy_overhead.py). Holding the nodes strongly keeps each key's input ids
+# valid (a node keeps its inputs alive) until the entry goes; a step records the same
+# entries between the same barriers every time, so the graphs, and their programs, repeat.
+_CONS: dict[tuple, Node] = {}
+CONS_LIMIT = 1 << 16
 CONSING = [True]  # off while eager mode runs each op at once (see xla_dtensor.eager)
 
 
+def clear_cons() -> None:
+    """Forget the hash-consing table (at a barrier: the pending graph it indexes has been computed)."""
+    _CONS.clear()
+
+
 def make_node(op: Any, key: Any, key_hash: int, inputs: tuple[Node, ...], fn: Callable[..., Any]) -> Node:
-    """The node computing ``fn(*inputs)``; an identical live node is reused.
+    """The node computing ``fn(*inputs)``; an identical node recorded since the last barrier is reused.
 
     ``key`` (hashable, with hash ``key_hash``) must determine ``fn`` exactly.
-    NOTE: the cons key holds input ids; an entry lives only as long as its node, and
-    a node keeps its inputs alive, so an id in a live key can never be reused. With
-    ``CONSING[0]`` off every call makes a new node: eager mode computes each op's
-    outputs at once, so there is no pending graph to share nodes in, and the weak
-    table's insert and removal cost ~2 us per op.
+    With ``CONSING[0]`` off every call makes a new node: eager mode computes each op's
+    outputs at once, so there is no pending graph to share nodes in.
     """
     if not CONSING[0]:
         metrics._COUNTS["ops_recorded"] += 1
@@ -70,8 +78,9 @@ def make_node(op: Any, key: Any, key_hash: int, inputs: tuple[Node, ...], fn: Ca
     if node is not None and node.key == key:
         metrics._COUNTS["hash_cons_hits"] += 1
         return node
-    h = hash((key_hash, *[i.hash for i in inputs]))
-    node = Node(op, key, inputs, h, fn)
+    node = Node(op, key, inputs, hash((key_hash, *[i.hash for i in inputs])), fn)
+    if len(_CONS) >= CONS_LIMIT:
+        _CONS.clear()
     _CONS[ck] = node
     metrics._COUNTS["ops_recorded"] += 1
     return node
@@ -90,16 +99,16 @@ def param_leaf(value: int | float | complex) -> Node:
     return Node(PARAM, key, (), hash(key), None, value)
 
 
-_GETITEM_FNS: dict[int, Callable[[Any], Any]] = {}
+_GETITEMS: dict[int, tuple[tuple, int, Callable[[Any], Any]]] = {}  # i -> (key, its hash, fn)
 
 
 def getitem(node: Node, i: int) -> Node:
     """Output ``i`` of a multi-output node."""
-    fn = _GETITEM_FNS.get(i)
-    if fn is None:
-        fn = _GETITEM_FNS[i] = operator.itemgetter(i)
-    key = (GETITEM, i)
-    return make_node(GETITEM, key, hash(key), (node,), fn)
+    g = _GETITEMS.get(i)
+    if g is None:
+        key = (GETITEM, i)
+        g = _GETITEMS[i] = (key, hash(key), operator.itemgetter(i))
+    return make_node(GETITEM, g[0], g[1], (node,), g[2])
 
 
 def topo_order(roots: list[Node]) -> list[Node]:

@@ -1,0 +1,292 @@
+"""Where the host time of one lazy step goes, against torch's own eager step on one CPU thread.
+
+The model is the 12-layer, width-64 GPT (``autoshard.models.GPT2``; vocabulary 64,
+sequence 32, batch 2; AdamW by default, ``--opt sgd`` for SGD). Each case runs in its own
+process (``--case``), with ``torch.set_num_threads(1)``; 3 warm-up steps, then the
+medians of 10 steps:
+
+* ``torch``: torch eager on its CPU kernels (forward, backward, optimizer step).
+* ``lazy``: the same model on the ``jax`` device, ``xla_dtensor.sync()`` after each step
+  (cache hits after the warm-up). Host time is the calling thread's CPU time
+  (``time.thread_time``) per step, also divided by the ops recorded per step
+  (``metrics ops_recorded``). Overlap: the back-to-back step wall time next to the host
+  wall time (until ``sync()`` returns) plus the device time (the same step with a
+  ``wait()`` after ``sync()``: the wait's wall time).
+* ``profile``: ``cProfile`` over 5 lazy steps, each function's own time binned into the
+  parts of the per-op path (dispatch entry, signature, inference, node creation and
+  hashing, output tensors, autograd and modules (everything outside our dispatch), the
+  sync walk, ...). The profiler inflates Python-heavy parts; the shares are what matter.
+
+Usage: PYTHONPATH=. python benchmarks/lazy_overhead.py [--opt adamw|sgd] [--label after]
+[--steps 10] [--no-save]
+
+Writes ``benchmarks/results/lazy_overhead.md`` (the section for ``--label``, other
+labels' sections kept) and ``benchmarks/results/lazy_overhead.png``. A benchmark, not a test.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+N_LAYER, N_EMBD, N_HEAD, SEQ, BATCH, VOCAB = 12, 64, 4, 32, 2, 64
+
+
+def _setup(device: Any, opt_name: str) -> tuple[Any, Any, Any]:
+    import torch
+
+    from autoshard.models import GPT2, GPT2Config
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab=VOCAB, n_positions=SEQ, n_embd=N_EMBD, n_layer=N_LAYER, n_head=N_HEAD)
+    model = GPT2(cfg).to(device)
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=0.01) if opt_name == "sgd" else torch.optim.AdamW(params, lr=1e-3)
+    idx = torch.randint(0, VOCAB, (BATCH, SEQ))
+    tgt = torch.randint(0, VOCAB, (BATCH, SEQ))
+    return model, opt, (idx.to(device), tgt.to(device))
+
+
+def _step(model: Any, opt: Any, batch: tuple) -> Any:
+    loss = model(*batch)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+def case_torch(args: argparse.Namespace) -> dict:
+    import torch
+    torch.set_num_threads(1)
+    model, opt, batch = _setup(torch.device("cpu"), args.opt)
+    cpu, wall = [], []
+    for i in range(3 + args.steps):
+        w0, c0 = time.perf_counter(), time.thread_time()
+        _step(model, opt, batch)
+        c1, w1 = time.thread_time(), time.perf_counter()
+        if i >= 3:
+            cpu.append(c1 - c0)
+            wall.append(w1 - w0)
+    return {"cpu_ms": 1e3 * statistics.median(cpu), "wall_ms": 1e3 * statistics.median(wall)}
+
+
+def case_lazy(args: argparse.Namespace) -> dict:
+    import torch
+    torch.set_num_threads(1)
+    import xla_dtensor
+    from xla_dtensor import metrics
+    dev = xla_dtensor.device()
+    model, opt, batch = _setup(dev, args.opt)
+    cpu, host_wall, ops = [], [], []
+    for i in range(3 + args.steps):  # back to back: each sync() returns before its program ends
+        m0 = metrics.counters()["ops_recorded"]
+        w0, c0 = time.perf_counter(), time.thread_time()
+        _step(model, opt, batch)
+        xla_dtensor.sync()
+        c1, w1 = time.thread_time(), time.perf_counter()
+        if i >= 3:
+            cpu.append(c1 - c0)
+            host_wall.append(w1 - w0)
+            ops.append(metrics.counters()["ops_recorded"] - m0)
+    xla_dtensor.wait()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        _step(model, opt, batch)
+        xla_dtensor.sync()
+    xla_dtensor.wait()
+    back_to_back = (time.perf_counter() - t0) / args.steps
+    waited_host, device = [], []
+    for _ in range(args.steps):  # each step waited for: host part, then the device's tail
+        w0 = time.perf_counter()
+        _step(model, opt, batch)
+        xla_dtensor.sync()
+        w1 = time.perf_counter()
+        xla_dtensor.wait()
+        w2 = time.perf_counter()
+        waited_host.append(w1 - w0)
+        device.append(w2 - w1)
+    compiles = metrics.counters()["compiles"]
+    return {"cpu_ms": 1e3 * statistics.median(cpu), "host_wall_ms": 1e3 * statistics.median(host_wall),
+            "ops": statistics.median(ops), "us_per_op": 1e6 * statistics.median(cpu) / statistics.median(ops),
+            "step_wall_ms": 1e3 * back_to_back, "waited_host_ms": 1e3 * statistics.median(waited_host),
+            "device_ms": 1e3 * statistics.median(device), "compiles": compiles}
+
+
+# (category, regex over "file:function"), first match wins; order matters
+_BINS = [
+    ("dispatch entry", r"core/tensor\.py:__torch_dispatch__|core/threads\.py:(enter|_learn|_inherit)|"
+                       r"core/dispatch\.py:dispatch$|core/special\.py|core/autocast\.py|attention_pattern\.py|"
+                       r"core/backward_errors\.py"),
+    ("signature", r"core/signature\.py:(_arg|signature|op_info)|core/tensor\.py:value_of|core/plan"),
+    ("inference (new signature)", r"core/entries\.py|core/signature\.py:(template|fill|tmpl)|jax/|jaxlib/|"
+                                  r"torch/_meta|torch/_prims|torch/_refs|torch/_decomp"),
+    ("node creation + hashing", r"core/ir\.py:(make_node|__init__|getitem|data_leaf|param_leaf)|core/views\.py|"
+                                r"weakref\.py|random"),
+    ("record (rest of dispatch)", r"core/dispatch\.py"),
+    ("output tensors", r"core/tensor\.py:(new_tensor|new_view|write|__init__)|_make_wrapper_subclass|_weakrefset"),
+    ("sync walk + launch", r"core/executor\.py|core/ir\.py:topo_order|core/index_checks|core/threads\.py|"
+                           r"jit/|sharding/|spmd/"),
+    ("optimizer (Python)", r"torch/optim/"),
+    ("autograd + modules (torch)", r"torch/|autoshard/models|<built-in method torch|<method 'backward'|"
+                                   r"run_backward|<built-in method"),
+]
+
+
+def case_profile(args: argparse.Namespace) -> dict:
+    import cProfile
+    import pstats
+
+    import torch
+    torch.set_num_threads(1)
+    import xla_dtensor
+    from xla_dtensor import metrics
+    dev = xla_dtensor.device()
+    model, opt, batch = _setup(dev, args.opt)
+    for _ in range(3):
+        _step(model, opt, batch)
+        xla_dtensor.sync()
+    xla_dtensor.wait()
+    n = 5
+    m0 = metrics.counters()["ops_recorded"]
+    prof = cProfile.Profile(time.thread_time)
+    prof.enable()
+    for _ in range(n):
+        _step(model, opt, batch)
+        xla_dtensor.sync()
+    prof.disable()
+    xla_dtensor.wait()
+    ops = (metrics.counters()["ops_recorded"] - m0) / n
+    stats = pstats.Stats(prof)
+    bins: dict[str, float] = {name: 0.0 for name, _ in _BINS}
+    bins["other"] = 0.0
+    top: list[tuple[float, str]] = []
+    def bin_of(name: str) -> str:
+        return next((cat for cat, rx in _BINS if re.search(rx, name)), "other")
+
+    for (file, _line, func), (_cc, _nc, tt, _ct, callers) in stats.stats.items():  # type: ignore[attr-defined]
+        name = f"{file}:{func}"
+        top.append((tt, name))
+        if file == "~" and callers and "torch" not in func and "backward" not in func:
+            for (cfile, _cl, cfunc), ctimes in callers.items():  # a builtin's time goes to its caller's part
+                bins[bin_of(f"{cfile}:{cfunc}")] += ctimes[2]
+        else:
+            bins[bin_of(name)] += tt
+    top.sort(reverse=True)
+    total = sum(bins.values())
+    return {"ops": ops, "total_ms": 1e3 * total / n,
+            "bins_us_per_op": {k: 1e6 * v / n / ops for k, v in bins.items()},
+            "top": [(round(1e6 * t / n / ops, 3), re.sub(r".*/site-packages/|.*/work/main/", "", s))
+                    for t, s in top[:25]]}
+
+
+CASES = {"torch": case_torch, "lazy": case_lazy, "profile": case_profile}
+
+
+def _run_case(name: str, args: argparse.Namespace) -> dict:
+    cmd = [sys.executable, __file__, "--case", name, "--opt", args.opt, "--steps", str(args.steps)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _table(label: str, opt: str, t: dict, lz: dict, pr: dict) -> str:
+    lines = [f"## {label} ({opt})", "", "```"]
+    lines.append(f"{'case':<34}{'value':>10}")
+    rows = [
+        ("torch eager step, CPU ms", t["cpu_ms"]),
+        ("lazy host CPU ms / step", lz["cpu_ms"]),
+        ("lazy / torch eager", lz["cpu_ms"] / t["cpu_ms"]),
+        ("ops recorded / step", lz["ops"]),
+        ("lazy host CPU us / recorded op", lz["us_per_op"]),
+        ("lazy host wall ms (until sync)", lz["host_wall_ms"]),
+        ("lazy step wall ms (back to back)", lz["step_wall_ms"]),
+        ("waited: host wall ms", lz["waited_host_ms"]),
+        ("waited: device tail ms", lz["device_ms"]),
+        ("host + device ms", lz["waited_host_ms"] + lz["device_ms"]),
+        ("compiles (whole run)", lz["compiles"]),
+    ]
+    for name, v in rows:
+        lines.append(f"{name:<34}{v:>10.2f}")
+    lines.append("")
+    lines.append(f"profile (cProfile, thread CPU time; {pr['total_ms']:.1f} ms/step under the profiler), us per op:")
+    for k, v in sorted(pr["bins_us_per_op"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {k:<32}{v:>8.2f}")
+    lines.append("top functions (own time, us per op):")
+    for us, name in pr["top"][:15]:
+        lines.append(f"  {us:>7.3f}  {name}")
+    lines += ["```", ""]
+    return "\n".join(lines)
+
+
+def _save(label: str, section: str, summary: dict) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    md = RESULTS / "lazy_overhead.md"
+    js = RESULTS / "lazy_overhead.json"
+    data = json.loads(js.read_text()) if js.exists() else {}
+    data[label] = summary
+    js.write_text(json.dumps(data, indent=1, sort_keys=True))
+    head = ("# lazy_overhead\n\nOutput of `PYTHONPATH=. python benchmarks/lazy_overhead.py --label LABEL` "
+            "(12-layer width-64 GPT, sequence 32, batch 2; one process per case, one torch thread; medians of "
+            "10 steps after 3 warm-up; host time = the calling thread's CPU time). One section per label.\n\n")
+    sections = dict(re.findall(r"(?ms)^<!-- (.+?) -->\n(.*?)(?=^<!-- |\Z)", md.read_text())) if md.exists() else {}
+    sections[label] = section + "\n"
+    md.write_text(head + "".join(f"<!-- {k} -->\n{v}" for k, v in sections.items()))
+    _plot(data)
+
+
+def _plot(data: dict) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = list(data)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    x = range(len(labels))
+    a.bar([i - 0.2 for i in x], [data[k]["torch_ms"] for k in labels], 0.4, label="torch eager step (CPU)")
+    a.bar([i + 0.2 for i in x], [data[k]["lazy_cpu_ms"] for k in labels], 0.4, label="lazy host CPU")
+    a.set_xticks(list(x), labels)
+    a.set_ylabel("ms / step")
+    a.legend()
+    a.set_title("12-layer width-64 GPT step")
+    cats = sorted({c for k in labels for c in data[k]["bins"]})
+    bottom = [0.0] * len(labels)
+    for c in cats:
+        vals = [data[k]["bins"].get(c, 0.0) for k in labels]
+        b.bar(list(x), vals, 0.5, bottom=bottom, label=c)
+        bottom = [p + v for p, v in zip(bottom, vals)]
+    b.set_xticks(list(x), labels)
+    b.set_ylabel("us / recorded op (under cProfile)")
+    b.legend(fontsize=7)
+    b.set_title("where the per-op time goes")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "lazy_overhead.png", dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--case", choices=list(CASES))
+    p.add_argument("--opt", choices=["adamw", "sgd"], default="adamw")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--label", default="current")
+    p.add_argument("--no-save", action="store_true")
+    args = p.parse_args()
+    if args.case:
+        print(json.dumps(CASES[args.case](args)))
+        return
+    t = _run_case("torch", args)
+    lz = _run_case("lazy", args)
+    pr = _run_case("profile", args)
+    section = _table(args.label, args.opt, t, lz, pr)
+    print(section)
+    if not args.no_save:
+        _save(f"{args.label} ({args.opt})", section, {"torch_ms": t["cpu_ms"], "lazy_cpu_ms": lz["cpu_ms"],
+                                                      "us_per_op": lz["us_per_op"], "bins": pr["bins_us_per_op"],
+                                                      "lazy": lz, "torch": t})
+
+
+if __name__ == "__main__":
+    main()
