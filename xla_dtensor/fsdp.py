@@ -1,8 +1,8 @@
 """FSDP through SPMD annotations (torch_xla's FSDPv2 idea): shard parameters and the batch.
 
 Every parameter is split along its largest dim divisible by the ``fsdp`` axis size
-(replicated when none divides); the model's tensor inputs are split along their batch
-dim (dim 0). XLA then inserts the all-gathers before use and the reduce-scatters of the
+(replicated when none divides); the model's tensor inputs, positional and keyword, are
+split along their batch dim (dim 0). XLA then inserts the all-gathers before use and the reduce-scatters of the
 gradients; parameters and optimizer state stay sharded across steps.
 
 Example:
@@ -53,7 +53,8 @@ def shard_model(model: nn.Module, mesh: Any, axis: str = "fsdp", *, shard_inputs
         model: the module.
         mesh: a :class:`mesh.Mesh` or torch ``DeviceMesh("xla", ...)`` with an axis ``axis``.
         axis: the mesh axis that shards parameters and the batch.
-        shard_inputs: add a forward pre-hook splitting tensor inputs along dim 0.
+        shard_inputs: add a forward pre-hook splitting tensor inputs, positional and
+            keyword, along dim 0.
     """
     m = A.as_mesh(mesh)
     n = m.axis_size(axis)
@@ -69,13 +70,16 @@ def shard_model(model: nn.Module, mesh: Any, axis: str = "fsdp", *, shard_inputs
         from torch.distributed.tensor.placement_types import Replicate, Shard
         placements = [Shard(0) if i == m.axis_index(axis) else Replicate() for i in range(m.ndim)]
 
-        def split_batch(mod: nn.Module, inputs: tuple) -> tuple:
-            return tuple(_split(x, m, placements) if isinstance(x, LazyTensor) and x.dim() > 0 else x
-                         for x in inputs)
-        model.register_forward_pre_hook(split_batch)
+        def split_batch(mod: nn.Module, inputs: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            return (tuple(_split_input(x, m, placements) for x in inputs),
+                    {k: _split_input(v, m, placements) for k, v in kwargs.items()})
+        model.register_forward_pre_hook(split_batch, with_kwargs=True)
     return model
 
 
+def _split_input(x: Any, m: Any, placements: list) -> Any:
+    """A tensor input (positional or keyword: ``model(input_ids=..., labels=...)``) split along dim 0."""
+    return _split(x, m, placements) if isinstance(x, LazyTensor) and x.dim() > 0 else x
 
 
 def _shard_meta(model: nn.Module, m: Any, axis: str, n: int) -> None:

@@ -118,6 +118,25 @@ class LazyTensor(torch.Tensor):
         from xla_dtensor.core.executor import to_cpu
         return (_rebuild_from_cpu, (to_cpu(self.detach()), self.requires_grad))
 
+    def __deepcopy__(self, memo: dict) -> LazyTensor:
+        """A lazy copy on the device, in the same layout (``Optimizer.load_state_dict`` deep-copies a
+        device-tensor lr; torch's generic path would pickle the device arrays)."""
+        if id(self) in memo:
+            return memo[id(self)]
+        if not self.is_leaf:
+            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
+                               "protocol at the moment.")
+        with torch.no_grad():
+            new = self.clone()
+        if isinstance(self, torch.nn.Parameter):
+            new = torch.nn.Parameter(new, requires_grad=self.requires_grad)
+        elif self.requires_grad:
+            new.requires_grad_(True)
+        memo[id(self)] = new
+        if self.grad is not None:
+            new.grad = self.grad.__deepcopy__(memo) if isinstance(self.grad, LazyTensor) else self.grad.clone()
+        return new
+
     # NOTE: torch.distributed.checkpoint's tensor protocol (DTensor's too): save and load shard by
     # shard in the tensor's own layout; see xla_dtensor.checkpoint.hooks
     def __create_write_items__(self, fqn: str, obj: Any) -> list:
