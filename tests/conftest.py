@@ -13,6 +13,9 @@ os.environ.setdefault("XLA_DTENSOR_CACHE_DIR", tempfile.mkdtemp(prefix="xla_dten
 if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
+import gc  # noqa: E402
+import sys  # noqa: E402
+
 import mesh  # noqa: E402,F401  (must precede any jax import: sets the virtual device count)
 import pytest  # noqa: E402
 
@@ -22,3 +25,26 @@ def dev():
     """The lazy ``jax`` torch device."""
     import xla_dtensor
     return xla_dtensor.device()
+
+
+def release_executables() -> None:
+    """Drop the lazy core's, eager mode's and JAX's compiled programs (if the library is loaded).
+
+    NOTE: each XLA:CPU executable holds ~6 memory maps; kept for the whole session, the
+    suite's programs passed the kernel's vm.max_map_count (65,530) at ~40% of the run and
+    XLA segfaulted in a compile.
+    """
+    if "xla_dtensor.core.executor" in sys.modules:
+        from xla_dtensor import eager
+        from xla_dtensor.core import executor
+        executor.release_executables()
+        eager._FLAT.clear()
+        gc.collect()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_executables_per_module():
+    """Modules compile their programs once each: none is needed by the next module."""
+    yield
+    release_executables()
+

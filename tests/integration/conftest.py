@@ -58,3 +58,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if path and _ROWS:
         with open(path, "w") as f:
             json.dump(sorted(_ROWS.values(), key=lambda r: (r["model"], r["mode"])), f, indent=1, default=str)
+
+
+@pytest.fixture(autouse=True)
+def _release_executables_per_case():
+    """Each matrix case builds and compiles its own model: its programs go when it ends (the
+    80 cases of one module would otherwise pass the kernel's memory-map limit; see tests/conftest.py)."""
+    yield
+    from tests.conftest import release_executables
+    release_executables()
+

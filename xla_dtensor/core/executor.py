@@ -161,7 +161,27 @@ def store(key: Any, compiled: Any) -> None:
     metrics._COUNTS["compiles"] += 1
     _CACHE[key] = compiled
     while len(_CACHE) > config.cache_size:
-        _CACHE.popitem(last=False)
+        _, evicted = _CACHE.popitem(last=False)
+        _SCALAR_SLOTS.pop(id(evicted), None)  # its scalar slots would keep the executable (and its memory maps) alive
+
+
+def release_executables() -> int:
+    """Drop every cached executable of the lazy core and JAX's own caches; returns how many were cached.
+
+    Each XLA:CPU executable holds about 6 memory maps of JIT code; a process that compiles
+    thousands of different programs (a test session) reaches the kernel's
+    ``vm.max_map_count`` (65,530 by default), where XLA crashes in a compile. The next sync of
+    a dropped program compiles it again.
+
+    Example:
+        >>> release_executables() >= 0
+        True
+    """
+    n = len(_CACHE)
+    _CACHE.clear()
+    _SCALAR_SLOTS.clear()
+    jax.clear_caches()
+    return n
 
 
 def last_executable() -> Any:
