@@ -134,16 +134,6 @@ def _pallas_tpu(q: jax.Array, k: jax.Array, v: jax.Array, mask: Any, bias: Any, 
 _KERNELS: dict[str, tuple[str, Callable[..., jax.Array]]] = {"gpu": ("cudnn", _cudnn), "tpu": ("pallas", _pallas_tpu)}
 
 
-def kernel_for(platform: str) -> str:
-    """The attention kernel used on ``platform`` when it takes the call ("xla" on CPU).
-
-    Example:
-        >>> kernel_for("cpu"), kernel_for("gpu")
-        ('xla', 'cudnn')
-    """
-    return _KERNELS.get(platform, ("xla", _xla))[0]
-
-
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: Any, bias: Any, is_causal: bool,
             scale: float) -> jax.Array:
     """Attention in jax's ``[B, L, H, E]`` layout, on the default backend's fused kernel."""
