@@ -117,3 +117,29 @@ def _spanned_root_axes(root: Mesh, block: np.ndarray, j: int, name: str) -> tupl
         raise AxisError(f"sub-mesh axis {name!r} walks devices {line.tolist()}, which is no "
                         f"row-major sweep of axes of the root mesh {root!r}")
     return tuple(major_first)
+
+
+def slice_xla_mesh(device_mesh: Any, names: tuple[str, ...]) -> Any:
+    """torch's own ``device_mesh[names]`` for an ``"xla"`` mesh (which has no process groups).
+
+    Example:
+        >>> from torch.distributed.device_mesh import DeviceMesh
+        >>> dm = DeviceMesh("xla", [[0, 1, 2, 3], [4, 5, 6, 7]], mesh_dim_names=("dp", "tp"))
+        >>> slice_xla_mesh(dm, ("tp",)).mesh.tolist()
+        [0, 1, 2, 3]
+    """
+    from torch.distributed.device_mesh import DeviceMesh
+    root = device_mesh._get_root_mesh()
+    added = [m for m in ((device_mesh,) if root is device_mesh else (device_mesh, root))
+             if not hasattr(m, "_dim_group_names")]
+    for m in added:
+        m._dim_group_names = []  # NOTE: no groups to slice; torch only copies this list
+    getitem = getattr(DeviceMesh.__getitem__, "__wrapped__", DeviceMesh.__getitem__)
+    try:
+        sub = getitem(device_mesh, names[0] if len(names) == 1 else names)
+    finally:  # NOTE: torch's _unflatten would try to make process groups for a mesh that has the list
+        for m in added:
+            del m._dim_group_names
+    if sub is not device_mesh and sub.__dict__.get("_dim_group_names") == []:
+        del sub._dim_group_names
+    return sub

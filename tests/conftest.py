@@ -35,10 +35,8 @@ def release_executables() -> None:
     XLA segfaulted in a compile.
     """
     if "xla_dtensor.core.executor" in sys.modules:
-        from xla_dtensor import eager
         from xla_dtensor.core import executor
         executor.release_executables()
-        eager._FLAT.clear()
         gc.collect()
 
 

@@ -37,6 +37,8 @@ import sys
 import types
 from typing import Any, Callable
 
+from mesh import torch_bridge
+
 LEAF = "torch_xla.distributed.spmd"
 _MARK = "__xla_dtensor__"
 _log = logging.getLogger("xla_dtensor")
@@ -108,25 +110,6 @@ def _current_mesh() -> Any:
     return stack[-1] if stack else None
 
 
-def slice_xla_mesh(device_mesh: Any, names: tuple[str, ...]) -> Any:
-    """torch's own ``device_mesh[names]`` for an ``"xla"`` mesh (which has no process groups)."""
-    from torch.distributed.device_mesh import DeviceMesh
-    root = device_mesh._get_root_mesh()
-    added = [m for m in ((device_mesh,) if root is device_mesh else (device_mesh, root))
-             if not hasattr(m, "_dim_group_names")]
-    for m in added:
-        m._dim_group_names = []  # NOTE: no groups to slice; torch only copies this list
-    getitem = getattr(DeviceMesh.__getitem__, "__wrapped__", DeviceMesh.__getitem__)
-    try:
-        sub = getitem(device_mesh, names[0] if len(names) == 1 else names)
-    finally:  # NOTE: torch's _unflatten would try to make process groups for a mesh that has the list
-        for m in added:
-            del m._dim_group_names
-    if sub is not device_mesh and sub.__dict__.get("_dim_group_names") == []:
-        del sub._dim_group_names
-    return sub
-
-
 def _coordinate(grid: Any) -> tuple[int, ...] | None:
     """The index in ``grid`` (nested lists of device ids) of this process's first device, else ``None``."""
     import jax
@@ -158,7 +141,7 @@ def _wrap_torch() -> None:
             if self.device_type != "xla":
                 return orig(self, mesh_dim_names)
             names = (mesh_dim_names,) if isinstance(mesh_dim_names, str) else tuple(mesh_dim_names)
-            return slice_xla_mesh(self, names)
+            return torch_bridge.slice_xla_mesh(self, names)
         return call
 
     def mesh(orig: property) -> property:

@@ -21,7 +21,7 @@ from torch import nn
 
 from xla_dtensor.core import device
 from xla_dtensor.core.ir import DATA
-from xla_dtensor.core.tensor import LazyTensor
+from xla_dtensor.core.tensor import LazyTensor, is_view, storage_of
 from xla_dtensor.spmd.api import distribute_tensor
 from xla_dtensor.spmd import annotate as A
 from xla_dtensor.spmd.module import constrain_activation
@@ -106,6 +106,6 @@ def _shard_meta(model: nn.Module, m: Any, axis: str, n: int) -> None:
 def _split(x: LazyTensor, m: Any, placements: list) -> LazyTensor:
     """Device data (a fresh batch) moves to its shards now, so the program gets a committed
     input; a computed value gets a sharding constraint."""
-    if not x._chain and x._storage.value.op == DATA and not x.requires_grad:
+    if not is_view(x) and storage_of(x).value.op == DATA and not x.requires_grad:
         return distribute_tensor(x, m, placements)
     return constrain_activation(x, m, placements)

@@ -11,7 +11,7 @@ key* (the op and its input metadata, ``Node.key``) and its occurrence among the
 nodes with that key in the pending graph's topological order, which is the same for
 identical steps. :meth:`ActivationTable.apply` costs one pass over the pending nodes
 and a dict look-up per node (the planning step and ``compile``'s traces use it). A
-plain ``sync()`` instead queues the table (``executor.DEFERRED``) and
+plain ``sync()`` instead queues the table (``state.defer``) and
 :meth:`ActivationTable.constrain` reads the sync's own walk of the graph: the
 positions to constrain are found once per graph structure (``plan.struct``) and
 cached, so a repeated step pays one hash of the structure, not a second walk (that

@@ -37,7 +37,7 @@ from autoshard.strategies.optimizer import FUSED_STEPS
 from xla_dtensor.core import ir_args as A
 from xla_dtensor.core.ir import DATA, GETITEM, PARAM, Node
 from xla_dtensor.core.signature import op_info
-from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
+from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, storage_of, value_of
 
 __all__ = ["graph_from_ir", "graph_from_ir_with_nodes", "pending_storages", "step_roles"]
 
@@ -64,7 +64,7 @@ def step_roles(module: Any, optimizer: Any = None) -> tuple[dict[Storage, str], 
     for name, p in module.named_parameters():
         if not isinstance(p, LazyTensor):
             raise TypeError(f"parameter {name!r} is on {p.device}, not on the jax device; move the module first")
-        params[p._storage] = name
+        params[storage_of(p)] = name
         name_of[id(p)] = name
     state: dict[Storage, tuple[str, str]] = {}
     for p, slots in (optimizer.state.items() if optimizer is not None else ()):
@@ -73,7 +73,7 @@ def step_roles(module: Any, optimizer: Any = None) -> tuple[dict[Storage, str], 
             continue
         for key, v in slots.items():
             if isinstance(v, LazyTensor):
-                state[v._storage] = (f"{key}:{pname}", pname)
+                state[storage_of(v)] = (f"{key}:{pname}", pname)
     return params, state
 
 
@@ -126,7 +126,7 @@ def _storage(x: Any) -> Storage:
     if isinstance(x, Storage):
         return x
     if isinstance(x, LazyTensor):
-        return x._storage
+        return storage_of(x)
     raise TypeError(f"expected a Storage or a lazy tensor on the jax device, got {type(x).__name__}")
 
 

@@ -1,6 +1,7 @@
 """torch.distributed.checkpoint's tensor protocol for lazy tensors (what DTensor implements).
 
-DCP asks a tensor three things (``LazyTensor`` forwards its dunder methods here):
+DCP asks a tensor three things (:func:`install` puts the three methods on ``LazyTensor``;
+``import xla_dtensor`` calls it):
 
 * ``__create_write_items__``: one write item per distinct shard this process holds
   (replica 0 only, padding cut off), so a replicated value is written once;
@@ -34,8 +35,8 @@ from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, Wri
 
 from xla_dtensor.core.executor import materialize
 from xla_dtensor.core.ir import data_leaf
-from xla_dtensor.core.tensor import LazyTensor, value_of, write
-from xla_dtensor.spmd import layout as L
+from xla_dtensor.core.tensor import LazyTensor, is_view, rebind, value_of, write
+from xla_dtensor.core import layout as L
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in the global tensor
 
@@ -45,7 +46,7 @@ _OPEN: weakref.WeakSet[_Session] = weakref.WeakSet()
 
 def _array(t: LazyTensor) -> tuple[jax.Array, tuple[int, ...] | None]:
     """The device array behind ``t`` and, for an uneven (padded) layout, its padded shape."""
-    src = L.padded_source(value_of(t)) if not t._chain else None
+    src = L.padded_source(value_of(t)) if not is_view(t) else None
     if src is not None:
         return src.data, tuple(src.data.shape)
     arr = materialize(t)
@@ -221,13 +222,11 @@ class _Session:
             new = jax.device_put(fill(tuple(slice(0, n) for n in gshape)))
         leaf = data_leaf(new, gshape, t.dtype)
         if pshape is not None:
-            t._storage.value = L.unpad(leaf, shape, value_of(t).sharding)
-            t._storage.version += 1
-        elif t._chain:
+            rebind(t, L.unpad(leaf, shape, value_of(t).sharding))
+        elif is_view(t):
             write(t, leaf)
         else:
-            t._storage.value = leaf
-            t._storage.version += 1
+            rebind(t, leaf)
 
 
 class _Stage(torch.Tensor):
@@ -253,3 +252,17 @@ class _Stage(torch.Tensor):
 
 
 _VIEWS = {torch.Tensor.narrow, torch.Tensor.detach, torch.Tensor.__getitem__, torch.narrow, torch.detach}
+
+
+def install() -> None:
+    """Give ``LazyTensor`` (and so ``XLAShardedTensor``) DCP's three tensor methods (idempotent)."""
+    LazyTensor.__create_write_items__ = _create_write_items  # type: ignore[attr-defined]
+    LazyTensor.__create_chunk_list__ = chunk_list  # type: ignore[attr-defined]
+    LazyTensor.__get_tensor_shard__ = tensor_shard  # type: ignore[attr-defined]
+
+
+def _create_write_items(t: LazyTensor, fqn: str, obj: Any) -> list[WriteItem]:
+    return write_items(fqn, t)
+
+
+install()

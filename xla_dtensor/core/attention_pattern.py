@@ -45,7 +45,8 @@ import torch
 
 from xla_dtensor.config import config
 from xla_dtensor.core.ir import Node
-from xla_dtensor.core.sdpa import WHEN, fusable, fused
+from xla_dtensor.core.sdpa import fusable, fused
+from xla_dtensor.core.state import STATE
 from xla_dtensor.core.tensor import LazyTensor, new_tensor, value_of
 
 aten = torch.ops.aten
@@ -87,7 +88,7 @@ class _Found:
 
 def _matmul(a: Any, b: Any) -> Any:
     if (isinstance(a, LazyTensor) and isinstance(b, LazyTensor) and a.dim() == b.dim() and a.dim() >= 3
-            and config.fused_attention and not WHEN[0]()):
+            and config.fused_attention and not STATE.runs_at_once()):
         out = _fused(a, b)
         if out is None:
             out = _OP_DK(_COMPOSITE, a, b)

@@ -24,9 +24,10 @@ import warnings
 
 import torch
 
+from xla_dtensor.core.state import STATE
+
 DEVICE_NAME = "jax"
 _registered = False
-NO_QUEUE = [False]  # the engine has no queue for the device: each thread's first op switches it (core.threads)
 
 
 class DeviceRegistrationError(RuntimeError):
@@ -196,7 +197,7 @@ def check_autograd_engine() -> bool:
         raise DeviceRegistrationError(
             "a backward() ran before `import xla_dtensor`, so torch's autograd engine has no "
             f"queue for the {DEVICE_NAME!r} device; import xla_dtensor before the first backward")
-    NO_QUEUE[0] = True
+    STATE.no_queue = True  # each thread's first op switches the engine's threading off (core.threads)
     warnings.warn(
         "a backward() ran before `import xla_dtensor`: torch's autograd engine sized its "
         f"per-device queues without the {DEVICE_NAME!r} device. Backward on the device now runs "

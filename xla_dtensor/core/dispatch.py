@@ -2,6 +2,7 @@
 
 Hot path (a cached signature): compute the call's signature, look up its entry, make
 (or reuse) the node, wrap the outputs. No meta kernels, no pytree, no JAX calls.
+In eager mode (:mod:`.state`) the op is then computed at once (:mod:`.at_once`).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from xla_dtensor.core import entries as E
 from xla_dtensor.core.ir import data_leaf, getitem, make_node
 from xla_dtensor.core.signature import op_info, signature
+from xla_dtensor.core.state import STATE
 from xla_dtensor.core.tensor import LazyTensor, new_tensor, new_view, write
 from xla_dtensor.core.views import ViewStep
 from xla_dtensor.random import next_key
@@ -21,10 +23,12 @@ _KEY_META = ((2,), "key")
 
 
 def dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
+    """Record ``op`` (a special handler's way, else one IR node); in eager mode, compute it now."""
     special = SPECIAL.get(op)
-    if special is not None:
-        return special(op, args, kwargs)
-    return record(op, args, kwargs)
+    res = record(op, args, kwargs) if special is None else special(op, args, kwargs)
+    if STATE.consing:  # NOTE: off exactly while the op runs at once (eager mode, not tracing for compile)
+        return res
+    return at_once.compute_now(op, args, kwargs, res)
 
 
 def record(op: Any, args: tuple, kwargs: dict) -> Any:
@@ -115,3 +119,7 @@ def _inplace(op: Any, info: Any, entry: E.Entry, node: Any, args: tuple, kwargs:
     for alias in info.returns_alias:
         rets.append(next(it_tgt) if alias else next(it_own))
     return tuple(rets)
+
+
+# NOTE: at the end: at_once imports the executor, which imports the tensor module that imports this one
+from xla_dtensor.core import at_once  # noqa: E402

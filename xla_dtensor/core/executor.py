@@ -18,10 +18,11 @@ import torch
 
 from xla_dtensor import metrics
 from xla_dtensor.config import config
-from xla_dtensor.core import index_checks, threads
+from xla_dtensor.core import index_checks, state, threads
 from xla_dtensor.core.dtypes import to_jax
 from xla_dtensor.core.ir import DATA, Node, clear_cons, data_leaf
 from xla_dtensor.core.peer_errors import guard
+from xla_dtensor.core.state import STATE
 from xla_dtensor.core.tensor import LazyTensor, Storage, live, value_of
 
 _CACHE: collections.OrderedDict[Any, Any] = collections.OrderedDict()
@@ -29,16 +30,13 @@ _CACHE: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 PRE_SYNC: list[Callable[[list[Storage]], None]] = []  # may rewrite pending storages' values
 POST_SYNC: list[Callable[[list[Storage]], None]] = []  # after the storages are rebound
 KEEP_PENDING: list[Callable[[Storage], bool]] = []  # materialize() leaves such a storage's value pending
-# NOTE: while sync() runs PRE_SYNC (DEFERRING[0] set), a hook may queue here node constraints to lay on the
-# graph's walk instead of walking it itself: objects with ``constrain(plan, skip, limit) -> Plan`` (see _deferred).
-DEFERRING = [False]
-DEFERRED: list[Any] = []
-# NOTE: set while xla_dtensor.compile records a function: work on device data must become graph
-# nodes then (a layout change done at once would be baked into the program as a constant).
-CAPTURING = [False]
-# NOTE: while capturing, in order: ("read", value before, value after) per host read of a device value,
-# ("host", leaf) per device leaf made from host data; jit.capture tells constant reads from data-dependent ones.
-CAPTURE_LOG: list[tuple] = []
+# NOTE: while sync() runs PRE_SYNC (inside state.deferring()), a hook may queue node constraints to lay on
+# the graph's walk instead of walking it itself (state.defer): objects with
+# ``constrain(plan, skip, limit) -> Plan`` (see _deferred).
+# While xla_dtensor.compile records a function (STATE.capturing), work on device data must become graph
+# nodes (a layout change done at once would be baked into the program as a constant), and the capture's
+# log gets, in order: ("read", value before, value after) per host read of a device value, ("host", leaf)
+# per device leaf made from host data; jit.capture tells constant reads from data-dependent ones.
 # dead inputs (e.g. a step's batch) are donated too; XLA just cannot reuse some of them
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
@@ -55,7 +53,8 @@ class Plan(NamedTuple):
     outs: list[int]  # positions of the roots in ``order``
 
 
-def _plan(roots: list[Node]) -> Plan:
+def make_plan(roots: list[Node]) -> Plan:
+    """The pending graph under ``roots`` laid out for lowering (one walk; see :class:`Plan`)."""
     # NOTE: one iterative walk (ir.topo_order's DFS) that lays out each node as it is
     # finished; eager mode plans one small program per op, so this is on its hot path.
     pos: dict[int, int] = {}
@@ -103,7 +102,7 @@ def lower(plan: Plan, donate_idx: tuple[int, ...] = (), order: list[int] | None 
     ``order``: the leaves' positions in argument order (None: ``plan.leaves`` order);
     ``donate_idx`` counts in argument order.
     """
-    program = _program(plan.fns, plan.wiring, plan.shardings, plan.outs)
+    program = make_program(plan.fns, plan.wiring, plan.shardings, plan.outs)
     if order is not None:
         program = _permuted(program, order)
     return jax.jit(program, donate_argnums=donate_idx).lower(*arguments(plan, order))
@@ -180,6 +179,8 @@ def release_executables() -> int:
     n = len(_CACHE)
     _CACHE.clear()
     _SCALAR_SLOTS.clear()
+    from xla_dtensor.core import at_once
+    at_once.release()
     jax.clear_caches()
     return n
 
@@ -191,7 +192,8 @@ def last_executable() -> Any:
     return next(reversed(_CACHE.values()))
 
 
-def _program(fns: list, wiring: list, shardings: list, outs: list[int]) -> Callable[..., Any]:
+def make_program(fns: list, wiring: list, shardings: list, outs: list[int]) -> Callable[..., Any]:
+    """The traceable function computing a plan's ``outs`` from its leaves' values (in plan order)."""
     def run(*leaf_values: Any) -> tuple:
         env: list[Any] = [None] * len(fns)
         it = iter(leaf_values)
@@ -229,7 +231,7 @@ def layout(roots: list[Node], donate: set[int] | None = None, partners: list[int
 
     ``donate``, ``partners`` and ``plan`` as in :func:`execute`.
     """
-    plan = _plan(roots) if plan is None else plan
+    plan = make_plan(roots) if plan is None else plan
     order, donate_idx = None, ()
     donated = {i for i, n in enumerate(plan.leaves) if id(n) in donate and donatable(n)} \
         if donate and config.donate else set()
@@ -247,7 +249,7 @@ def execute(roots: list[Node], donate: set[int] | None = None, partners: list[in
     """Compute ``roots``; returns their arrays.
 
     ``donate``: ids of leaves whose buffers may be reused; ``partners``: per root, the
-    id of the leaf it overwrites (see :func:`arg_order`); ``plan``: ``_plan(roots)`` if the
+    id of the leaf it overwrites (see :func:`arg_order`); ``plan``: ``make_plan(roots)`` if the
     caller has it.
     """
     plan, order, donate_idx, key = layout(roots, donate, partners, plan)
@@ -306,12 +308,11 @@ def _scalar_array(v: Any, sharding: Any) -> Any:
 
 
 def _deferred(plan: Plan, pending: list[Storage], before: list[Node]) -> Plan:
-    """``plan`` with the ``DEFERRED`` constraints laid on it. Each sees the graph as the hooks found it:
+    """``plan`` with the deferred constraints (``STATE.deferred``) laid on it. Each sees the graph as the hooks found it:
     ``skip``, the ids of the nodes a hook wrapped around a storage's value (a chain of one-input
     nodes down to the value before the hooks, e.g. a sticky layout's constraint), and ``limit``,
     the end of the pending values' part of ``plan.order`` (index checks' roots come after)."""
-    tables = DEFERRED[:]
-    DEFERRED.clear()
+    tables, STATE.deferred = STATE.deferred, []
     skip: set[int] = set()
     for s, old in zip(pending, before):
         chain, n = [], s.value
@@ -361,7 +362,7 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
     """
     pending: list[Storage] = []
     held: set[int] = set()
-    owner = threads.me() if threads.MULTI[0] else None
+    owner = threads.me() if STATE.multi else None
     for s in live():
         if s.value.fn is None:
             held.add(id(s.value))
@@ -374,16 +375,12 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
         return [], [], [], owner
     pending.sort(key=_seq)
     before = [s.value for s in pending]
-    DEFERRED.clear()
-    DEFERRING[0] = True
-    try:
+    with state.deferring() as deferred:
         for hook in PRE_SYNC if pre_hooks else ():
             hook(pending)
-    finally:
-        DEFERRING[0] = False
     roots = [s.value for s in pending] + check_roots
-    plan = _plan(roots)  # NOTE: one walk of the graph, shared with execute (a second one cost ~10% of a sync)
-    if DEFERRED:
+    plan = make_plan(roots)  # NOTE: one walk of the graph, shared with execute (a second one cost ~10% of a sync)
+    if deferred:
         plan = _deferred(plan, pending, before)
     if foreign or index_checks.PENDING:
         held |= threads.reached_leaves(foreign + [c.node for c in index_checks.PENDING])
@@ -436,7 +433,7 @@ def wait() -> None:
     with threads.held():
         arrays = [s.value.data for s in live() if s.value.fn is None and isinstance(s.value.data, jax.Array)]
     _await(arrays)
-    index_checks.verify_launched(threads.me() if threads.MULTI[0] else None)
+    index_checks.verify_launched(threads.me() if STATE.multi else None)
 
 
 def materialize(t: LazyTensor) -> Any:
@@ -451,7 +448,7 @@ def materialize(t: LazyTensor) -> Any:
 
 def _materialize(t: LazyTensor) -> tuple[Any, list, list[Any], int | None]:
     """:func:`materialize` under the lock: (the array, the index checks run, their arrays, the thread)."""
-    me = threads.me() if threads.MULTI[0] else None
+    me = threads.me() if STATE.multi else None
     checks, check_roots = index_checks.take(me) if index_checks.PENDING else ([], [])
     v = value_of(t)
     if v.fn is None:
@@ -474,10 +471,10 @@ def to_cpu(t: LazyTensor) -> torch.Tensor:
     ``t``'s current value if another thread's step consumed the awaited buffer meanwhile.
     """
     with threads.held():
-        read = value_of(t) if CAPTURING[0] else None
+        read = value_of(t) if STATE.capturing else None
         arr, checks, checked, me = _materialize(t)
         if read is not None:
-            CAPTURE_LOG.append(("read", read, value_of(t)))
+            state.log_capture(("read", read, value_of(t)))
         with threads.released():
             _await([arr, *checked])
             index_checks.verify_launched(me)
@@ -500,6 +497,5 @@ def to_device(cpu: torch.Tensor) -> Node:
     host = c.float().numpy().astype(jd) if cpu.dtype == torch.bfloat16 else c.resolve_conj().resolve_neg().numpy()
     arr = jax.device_put(np.array(host, copy=True, order="C"))  # NOTE: a copy: CPU JAX may alias numpy memory
     leaf = data_leaf(arr, tuple(cpu.shape), cpu.dtype)
-    if CAPTURING[0]:
-        CAPTURE_LOG.append(("host", leaf))
+    state.log_capture(("host", leaf))
     return leaf

@@ -33,15 +33,14 @@ import jax.numpy as jnp
 import torch
 
 from xla_dtensor.config import config
-from xla_dtensor.core import dispatch as _dispatch_mod
-from xla_dtensor.core import threads as _threads
 from xla_dtensor.core.dispatch import SPECIAL, record
 from xla_dtensor.core.ir import Node, make_node
+from xla_dtensor.core import threads as _threads
 from xla_dtensor.core.source import user_frame
+from xla_dtensor.core.state import STATE
 from xla_dtensor.core.tensor import LazyTensor, value_of
 
 aten = torch.ops.aten
-_DISPATCH = _dispatch_mod.dispatch  # the lazy dispatcher; eager mode swaps the module's attribute
 
 
 class Check(NamedTuple):
@@ -63,15 +62,11 @@ LAUNCHED: list[tuple[int | None, list[Check], list[Any]]] = []  # (owner, checks
 
 def active() -> bool:
     """Whether ops are checked now: ``config.check_indices``, or by default in eager mode."""
-    from xla_dtensor.core import executor
-    if executor.CAPTURING[0]:
+    if STATE.capturing:
         return False  # xla_dtensor.compile records the function: a replay runs no Python to check with
     mode = config.check_indices
     if mode is None:
-        if _dispatch_mod.dispatch is _DISPATCH:
-            return False
-        from xla_dtensor.eager import _routing
-        return _routing()  # eager mode, and not tracing for xla_dtensor.compile
+        return STATE.runs_at_once()  # eager mode, and not tracing for xla_dtensor.compile
     return bool(mode)
 
 
@@ -100,7 +95,7 @@ def _add(op: Any, index: Any, dim: int, size: int, error: type[Exception], messa
         return
     key = ("check_indices", size, negative, ignore)
     node = make_node("check_indices", key, hash(key), (value_of(index),), _check_fn(size, negative, ignore))
-    PENDING.append(Check(node, op, dim, size, error, message, user_frame(), _threads.OWNER[0]))
+    PENDING.append(Check(node, op, dim, size, error, message, user_frame(), STATE.owner))
 
 
 _BOUNDS = "index {index} is out of bounds for dimension {dim} with size {size}"

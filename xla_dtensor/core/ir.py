@@ -15,6 +15,7 @@ import operator
 from typing import Any, Callable
 
 from xla_dtensor import metrics
+from xla_dtensor.core.state import STATE
 
 DATA, PARAM, GETITEM = "data", "param", "getitem"
 _SEQ = itertools.count()
@@ -55,7 +56,6 @@ class Node:
 # entries between the same barriers every time, so the graphs, and their programs, repeat.
 _CONS: dict[tuple, Node] = {}
 CONS_LIMIT = 1 << 16
-CONSING = [True]  # off while eager mode runs each op at once (see xla_dtensor.eager)
 
 
 def clear_cons() -> None:
@@ -67,10 +67,10 @@ def make_node(op: Any, key: Any, key_hash: int, inputs: tuple[Node, ...], fn: Ca
     """The node computing ``fn(*inputs)``; an identical node recorded since the last barrier is reused.
 
     ``key`` (hashable, with hash ``key_hash``) must determine ``fn`` exactly.
-    With ``CONSING[0]`` off every call makes a new node: eager mode computes each op's
+    With ``STATE.consing`` off every call makes a new node: eager mode computes each op's
     outputs at once, so there is no pending graph to share nodes in.
     """
-    if not CONSING[0]:
+    if not STATE.consing:
         metrics._COUNTS["ops_recorded"] += 1
         return Node(op, key, inputs, hash((key_hash, *[i.hash for i in inputs])), fn)
     ck = (key_hash, *map(id, inputs))

@@ -24,19 +24,19 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from xla_dtensor import metrics
 from xla_dtensor.config import config
+from xla_dtensor.core.state import STATE
 from xla_dtensor.core.tensor import LazyTensor
 from xla_dtensor.ops.fused_attention import ATTENTION, ATTENTION_BACKWARD, refusal, warn_once
 
 aten = torch.ops.aten
 _FLASH = 1  # torch's SDPBackend.flash_attention as _fused_sdp_choice returns it
 _CHOICE: dict[tuple, int] = {}  # (q, k, v metadata, is_causal, scale, flash enabled) -> CPU's choice
-WHEN: list[Callable[[], bool]] = [lambda: False]  # set by xla_dtensor.eager: eager mode on, not tracing
 _LIB = torch.library.Library("aten", "IMPL")  # noqa: TOR901  (kept alive: the registration lives with it)
 _PLATFORM: list[str] = []  # jax's default backend, read at the first fused call
 
@@ -125,7 +125,7 @@ def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, bias: An
 
 def _sdpa(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
           scale: float | None = None, enable_gqa: bool = False) -> Any:
-    if WHEN[0]():  # eager mode: torch CPU's own kernel choice
+    if STATE.runs_at_once():  # eager mode: torch CPU's own kernel choice
         if (attn_mask is None and not dropout_p and not enable_gqa
                 and type(q) is LazyTensor and type(k) is LazyTensor and type(v) is LazyTensor
                 and _cpu_choice(q, k, v, is_causal, scale) == _FLASH):

@@ -24,11 +24,12 @@ import torch
 from xla_dtensor.core import threads as _threads
 from xla_dtensor.core.device import DEVICE_NAME
 from xla_dtensor.core.ir import Node
+from xla_dtensor.core.state import STATE
 
 _DEVICE = torch.device(DEVICE_NAME, 0)
 LIVE: weakref.WeakSet[Storage] = weakref.WeakSet()  # every live storage
 _SEQ = itertools.count()  # creation order: sync() sorts by it so the same step has the same program
-_LOCK, _OWNER, _enter, _me = _threads.LOCK, _threads.OWNER, _threads.enter, _threads.me
+_LOCK, _enter, _me = _threads.LOCK, _threads.enter, _threads.me
 
 
 def live() -> list[Storage]:
@@ -45,7 +46,7 @@ class Storage:
         self.value, self.version, self.meta, self.seq = value, 0, meta, next(_SEQ)
         self.donor: int | None = None  # id() of the device-data leaf the first pending write replaced
         # the thread whose sync() computes a pending value
-        # NOTE: not _OWNER[0]: outside the lock, that is another thread's
+        # NOTE: not STATE.owner: outside the lock, that is another thread's
         self.owner: int = _me()
 
 
@@ -67,18 +68,18 @@ class LazyTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
         with _LOCK:
-            outer = _OWNER[0]
+            outer = STATE.owner
             if not outer:  # entering the core (not an op inside an op): whose op, in which mode
-                _OWNER[0] = _enter(args)
+                STATE.owner = _enter(args)
             try:
-                return _dispatch_mod.dispatch(func, args, kwargs or {})  # (eager mode swaps the function)
+                return _dispatch_mod.dispatch(func, args, kwargs or {})
             except Exception as error:
                 from xla_dtensor.core import backward_errors
                 if not backward_errors.in_backward():
                     raise
                 return backward_errors.poisoned_result(func, args, kwargs or {}, error)
             finally:
-                _OWNER[0] = outer
+                STATE.owner = outer
 
     # NOTE: these two make torch treat us as a traceable wrapper subclass, so that
     # ``module.to(dev)`` swaps parameters in place (``torch.utils.swap_tensors``) instead
@@ -137,19 +138,9 @@ class LazyTensor(torch.Tensor):
             new.grad = self.grad.__deepcopy__(memo) if isinstance(self.grad, LazyTensor) else self.grad.clone()
         return new
 
-    # NOTE: torch.distributed.checkpoint's tensor protocol (DTensor's too): save and load shard by
-    # shard in the tensor's own layout; see xla_dtensor.checkpoint.hooks
-    def __create_write_items__(self, fqn: str, obj: Any) -> list:
-        from xla_dtensor.checkpoint import hooks
-        return hooks.write_items(fqn, self)
-
-    def __create_chunk_list__(self) -> list:
-        from xla_dtensor.checkpoint import hooks
-        return hooks.chunk_list(self)
-
-    def __get_tensor_shard__(self, index: Any) -> torch.Tensor:
-        from xla_dtensor.checkpoint import hooks
-        return hooks.tensor_shard(self, index)
+    # NOTE: torch.distributed.checkpoint's tensor protocol (``__create_write_items__``,
+    # ``__create_chunk_list__``, ``__get_tensor_shard__``) is installed on this class by
+    # xla_dtensor.checkpoint.hooks, which ``import xla_dtensor`` loads.
 
 
 def _use_foreach_optimizers(cls: type) -> None:
@@ -210,6 +201,57 @@ def new_view(meta: tuple, storage: Storage, chain: tuple, value: Node) -> LazyTe
     t._storage, t._chain, t._meta = storage, chain, meta
     t._vcache, t._seen = value, storage.version
     return t
+
+
+def storage_of(t: LazyTensor) -> Storage:
+    """The storage ``t`` shares with its root and the root's other views."""
+    return t._storage
+
+
+def meta_of(t: LazyTensor) -> tuple:
+    """``(shape, dtype, stride)`` of ``t``: its signature key."""
+    return t._meta
+
+
+def chain_of(t: LazyTensor) -> tuple:
+    """The view steps from ``t``'s storage to ``t`` (``()`` for a root)."""
+    return t._chain
+
+
+def is_view(t: LazyTensor) -> bool:
+    """Whether ``t`` is a view (reached from its storage by view steps), not a root."""
+    return bool(t._chain)
+
+
+def wrap_like(cls: type, t: LazyTensor, device: Any = None) -> LazyTensor:
+    """A new tensor object of class ``cls`` over ``t``'s storage, chain and metadata (no autograd
+    history): a re-wrap, not a copy."""
+    shape, dtype, stride = t._meta
+    out = _new(cls, shape, strides=stride, dtype=dtype, device=t.device if device is None else device)
+    out._storage, out._chain, out._meta = t._storage, t._chain, t._meta
+    if t._chain:
+        out._vcache, out._seen = value_of(t), t._seen
+    return out
+
+
+def adopt(t: LazyTensor, storage: Storage, meta: tuple) -> LazyTensor:
+    """Make the fresh wrapper ``t`` the root tensor of ``storage``; returns ``t``."""
+    t._storage, t._chain, t._meta = storage, (), meta
+    return t
+
+
+def set_view_value(t: LazyTensor, value: Node) -> None:
+    """Give view ``t`` the value ``value`` until its storage next changes (a layout constraint on
+    the view's own value; the storage is not written)."""
+    t._vcache, t._seen = value, t._storage.version
+
+
+def rebind(t: LazyTensor, value: Node) -> None:
+    """Make ``value`` the root ``t``'s storage value, replacing it (a new layout or computed data of
+    the same contents, not an in-place write: no donor, no owner change)."""
+    s = t._storage
+    s.value = value
+    s.version += 1
 
 
 def value_of(t: LazyTensor) -> Node:

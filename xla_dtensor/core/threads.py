@@ -17,14 +17,13 @@ torch's autograd threads) never own anything: an op there belongs to the owner o
 first lazy tensor argument (the forward's saved tensors and the incoming gradient
 belong to the thread that ran the forward), else to the owner of that thread's last op.
 
-Eager mode is per owner (:data:`MODES`): the lock holder's mode is installed in the
-core's globals (``dispatch.dispatch``, hash-consing) when it differs from the
-installed one (:data:`SWITCH`), so a borrowed autograd thread runs an eager thread's
-backward eagerly and a lazy thread's lazily.
+Eager mode is per owner (``STATE.modes``): the lock holder's mode is installed on the
+core's state (:func:`.state.install_for`) when it differs from the installed one, so a
+borrowed autograd thread runs an eager thread's backward eagerly and a lazy thread's lazily.
 
 Example:
     >>> with held():
-    ...     OWNER[0] == me()
+    ...     STATE.owner == me()
     True
 """
 from __future__ import annotations
@@ -36,20 +35,17 @@ from typing import Any, Callable, Iterator, TypeVar
 import torch
 
 from xla_dtensor.core.ir import Node
+from xla_dtensor.core.state import STATE, install_for
 
 T = TypeVar("T")
 
 LOCK = threading.RLock()
-# NOTE: set only by the lock holder, reset before it releases: non-zero means "this thread is
-# already inside the core" (a nested op); 0 means a thread entering (see LazyTensor.__torch_dispatch__)
-OWNER = [0]
-MULTI = [False]  # a second thread has used the device (until then nothing here costs more than the lock)
-MODES: dict[int, Any] = {}  # owner -> its eager-mode state (absent: lazy); filled by xla_dtensor.eager
-INSTALLED: list[Any] = [None]  # the mode installed in the core's globals now
-SWITCH: list[Callable[[Any], None] | None] = [None]  # installs a mode (set by xla_dtensor.eager)
+# NOTE: ``STATE.owner`` is set only by the lock holder and reset before it releases: non-zero means
+# "this thread is already inside the core" (a nested op); 0 means a thread entering (see
+# LazyTensor.__torch_dispatch__). ``STATE.multi``: a second thread has used the device (until then
+# nothing here costs more than the lock).
 
 _USER, _BORROWED = 1, 2
-_FIRST = [0]
 
 
 class _Thread(threading.local):
@@ -66,14 +62,13 @@ def _learn() -> int:
     t.ident = threading.get_ident()
     t.kind = _BORROWED if isinstance(threading.current_thread(), threading._DummyThread) else _USER
     if t.kind == _USER:
-        MODES.pop(t.ident, None)  # a finished thread's (Python reuses idents): a new thread starts lazy
-        from xla_dtensor.core.device import NO_QUEUE
-        if NO_QUEUE[0]:  # a backward ran before the device existed: backward on this thread (core.device)
+        STATE.modes.pop(t.ident, None)  # a finished thread's (Python reuses idents): a new thread starts lazy
+        if STATE.no_queue:  # a backward ran before the device existed: backward on this thread (core.device)
             torch._C._set_multithreading_enabled(False)
-        if not _FIRST[0]:
-            _FIRST[0] = t.ident
-        elif _FIRST[0] != t.ident:
-            MULTI[0] = True
+        if not STATE.first_thread:
+            STATE.first_thread = t.ident
+        elif STATE.first_thread != t.ident:
+            STATE.multi = True
     return t.kind
 
 
@@ -95,7 +90,7 @@ def _inherit(args: tuple) -> int:
 def enter(args: tuple) -> int:
     """The owner of an op entering the core with ``args``; installs that owner's mode.
 
-    Called by the lock holder when ``OWNER[0] == 0``.
+    Called by the lock holder when ``STATE.owner == 0``.
     """
     t = _THIS
     kind = t.kind or _learn()
@@ -104,17 +99,14 @@ def enter(args: tuple) -> int:
     else:
         owner = _inherit(args) or t.last
         t.last = owner
-    if MODES or INSTALLED[0] is not None:
-        mode = MODES.get(owner)
-        if mode is not INSTALLED[0]:
-            SWITCH[0](mode)  # type: ignore[misc]
+    install_for(owner)
     return owner
 
 
 def me() -> int:
     """The owner of what the calling thread records (its ident; a borrowed thread: its last op's owner)."""
-    if OWNER[0] and LOCK._is_owned():  # type: ignore[attr-defined]
-        return OWNER[0]
+    if STATE.owner and LOCK._is_owned():  # type: ignore[attr-defined]
+        return STATE.owner
     t = _THIS
     kind = t.kind or _learn()
     return t.ident if kind == _USER else t.last
@@ -124,13 +116,13 @@ def me() -> int:
 def held() -> Iterator[None]:
     """Hold :data:`LOCK` as an entry point outside an op (a compiled call, an ``spmd`` relayout)."""
     with LOCK:
-        outer = OWNER[0]
+        outer = STATE.owner
         if not outer:
-            OWNER[0] = enter(())
+            STATE.owner = enter(())
         try:
             yield
         finally:
-            OWNER[0] = outer
+            STATE.owner = outer
 
 
 def locked(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -153,22 +145,18 @@ def released() -> Iterator[None]:
     tensors, never IR nodes of a pending value (a sync elsewhere may consume those).
     NOTE: not while ``compile`` records a call: its capture must see only its own ops.
     """
-    from xla_dtensor.core import executor
-    if executor.CAPTURING[0] or not LOCK._is_owned():  # type: ignore[attr-defined]
+    if STATE.capturing or not LOCK._is_owned():  # type: ignore[attr-defined]
         yield
         return
-    owner = OWNER[0]
-    OWNER[0] = 0
-    state = LOCK._release_save()  # type: ignore[attr-defined]
+    owner = STATE.owner
+    STATE.owner = 0
+    saved = LOCK._release_save()  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        LOCK._acquire_restore(state)  # type: ignore[attr-defined]
-        OWNER[0] = owner
-        if MODES or INSTALLED[0] is not None:
-            mode = MODES.get(owner)
-            if mode is not INSTALLED[0]:
-                SWITCH[0](mode)  # type: ignore[misc]
+        LOCK._acquire_restore(saved)  # type: ignore[attr-defined]
+        STATE.owner = owner
+        install_for(owner)
 
 
 def alive() -> set[int]:

@@ -21,10 +21,11 @@ from typing import Any
 
 from xla_dtensor import metrics
 from xla_dtensor.config import config
+from xla_dtensor.core.state import STATE
 
 __all__ = ["RecompileWarning", "set_debug", "event", "install", "user_frame"]
 
-ENABLED = [os.environ.get("XLA_DTENSOR_DEBUG", "") not in ("", "0")]
+STATE.debugging = os.environ.get("XLA_DTENSOR_DEBUG", "") not in ("", "0")
 _SITE_COMPILES: dict[str, int] = {}
 _SITE_LAST: dict[str, tuple] = {}
 _WARNED: set[str] = set()
@@ -38,7 +39,7 @@ class RecompileWarning(UserWarning):
 
 def set_debug(on: bool = True) -> None:
     """Turn the per-compile/per-execution lines on or off (``XLA_DTENSOR_DEBUG`` sets the default)."""
-    ENABLED[0] = bool(on)
+    STATE.debugging = bool(on)
 
 
 def user_frame() -> str:
@@ -54,7 +55,7 @@ def user_frame() -> str:
 
 _CAUSES = (("_item", ".item()"), ("__repr__", "print/repr"), ("__format__", "print/format"),
            ("tolist", ".tolist()"), ("numpy", ".numpy()"), ("__array__", "numpy conversion"),
-           ("run_on_cpu", "CPU fallback of an op without lowering"), ("_eager_dispatch", "eager op"),
+           ("run_on_cpu", "CPU fallback of an op without lowering"), ("compute_now", "eager op"),
            ("sync", "user sync (xla_dtensor.sync/mark_step)"), ("to_cpu", ".cpu()/host transfer"))
 
 
@@ -83,7 +84,7 @@ def event(kind: str, cause: str, graph_hash: int, n_in: int, n_out: int, *, site
             warnings.warn(RecompileWarning(
                 f"{site} has compiled {n} different programs (limit config.recompile_warn_limit={limit}); "
                 f"input shapes or Python values keep changing. Last change: {detail or cause}"), stacklevel=2)
-    if not ENABLED[0]:
+    if not STATE.debugging:
         return
     where = user_frame()
     took = f" ({seconds * 1e3:.1f} ms)" if seconds is not None else ""
@@ -112,7 +113,7 @@ def _single(sharding: Any) -> bool:
 def explain_lazy(roots: list, compiled: bool, seconds: float) -> None:
     """Report a lazy execution (called by the instrumented executor)."""
     from xla_dtensor.core import executor
-    plan = executor._plan(roots)
+    plan = executor.make_plan(roots)
     struct, leaves, outs = plan.struct, plan.leaves, plan.outs
     site = user_frame()
     detail = ""
@@ -168,7 +169,7 @@ def install() -> None:
         dt = time.perf_counter() - t0
         compiled = metrics._COUNTS["compiles"] != c0
         timing.record("compile" if compiled else "execute", dt)
-        if compiled or ENABLED[0]:
+        if compiled or STATE.debugging:
             explain_lazy(roots, compiled, dt)
         return out
 

@@ -22,7 +22,7 @@ def _lowered(tensors: Sequence[LazyTensor] | LazyTensor) -> Any:
     bad = [type(t).__name__ for t in tensors if not isinstance(t, LazyTensor)]
     if bad:
         raise TypeError(f"expected tensors on the jax device, got {', '.join(bad)}")
-    return executor.lower(executor._plan([value_of(t) for t in tensors]))
+    return executor.lower(executor.make_plan([value_of(t) for t in tensors]))
 
 
 def get_stablehlo(tensors: Sequence[LazyTensor] | LazyTensor) -> str:

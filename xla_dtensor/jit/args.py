@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from xla_dtensor.core.autocast import state as autocast_state
-from xla_dtensor.core.tensor import LazyTensor
+from xla_dtensor.core.tensor import LazyTensor, chain_of, meta_of
 
 _SCALARS = (int, float, bool, str, complex, type(None))
 
@@ -47,7 +47,7 @@ def _hyper(opt: torch.optim.Optimizer, static: bool = False) -> tuple:
 
 def chain_key(t: LazyTensor) -> tuple:
     """``t``'s view chain as a hashable key: ``()`` for a root, else the view ops by identity."""
-    chain = t._chain
+    chain = chain_of(t)
     return tuple([(id(s.entry), s.index) for s in chain]) if chain else ()
 
 
@@ -57,7 +57,7 @@ def _sig(x: Any, flat: list, static: bool = False) -> Any:
         return (tp, x)
     if isinstance(x, LazyTensor):
         flat.append(x)
-        return ("T", x._meta, chain_key(x))
+        return ("T", meta_of(x), chain_key(x))
     if isinstance(x, torch.Tensor):
         flat.append(x)
         return ("H", tuple(x.shape), x.dtype)

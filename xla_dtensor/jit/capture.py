@@ -45,16 +45,17 @@ import torch
 from torch.utils import _pytree as pytree
 
 from xla_dtensor.core import executor
+from xla_dtensor.core.state import capturing
 from xla_dtensor.core import ir_args as A
 from xla_dtensor.core import tensor as T
 from xla_dtensor.core.ir import DATA, GETITEM, PARAM, Node
 from xla_dtensor.core.signature import op_info
-from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, value_of
+from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, is_view, meta_of, storage_of, value_of
 from xla_dtensor.jit import host_reads as HR
 from xla_dtensor.jit import layouts, padded
 from xla_dtensor.jit.args import chain_key
 from xla_dtensor.jit.names import leaf_names, tensor_names
-from xla_dtensor.spmd import layout as L
+from xla_dtensor.core import layout as L
 
 
 @dataclass
@@ -147,10 +148,10 @@ def share_equal_scalars(flat: list) -> int:
         if isinstance(x, torch.optim.Optimizer):
             for st in x.state.values():
                 for t in st.values():
-                    if isinstance(t, LazyTensor) and not t._chain and t.dim() == 0:
-                        v = t._storage.value
+                    if isinstance(t, LazyTensor) and not is_view(t) and t.dim() == 0:
+                        v = storage_of(t).value
                         if v.op == DATA and v.fn is None:
-                            by_id.setdefault(id(t._storage), t._storage)
+                            by_id.setdefault(id(storage_of(t)), storage_of(t))
     found = list(by_id.values())
     if len(found) < 2:
         return 0
@@ -174,19 +175,12 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     start = next(T._SEQ)
     params = _params(flat)
     grad_at, grad_before = _grads_at_start(params)
-    capturing, executor.CAPTURING[0] = executor.CAPTURING[0], True
-    outer = executor.CAPTURE_LOG[:]
-    executor.CAPTURE_LOG.clear()
-    try:
+    with capturing() as log:
         out = fn(*args, **kwargs)
-    finally:
-        executor.CAPTURING[0] = capturing
-        log = executor.CAPTURE_LOG[:]
-        executor.CAPTURE_LOG[:] = outer
     host_reads, const_reads = HR.classify(log, _cpu_args(flat))
     del log
     out_leaves, out_spec = pytree.tree_flatten(out)
-    out_storages = {id(t._storage) for t in out_leaves if isinstance(t, LazyTensor)}
+    out_storages = {id(storage_of(t)) for t in out_leaves if isinstance(t, LazyTensor)}
 
     grads: list[tuple] = []
     cleared: list = []
@@ -194,8 +188,8 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     for p in params:
         g, was = p.grad, grad_before.get(id(p))
         if isinstance(g, LazyTensor) and (was is None or was() is not g):
-            grads.append((weakref.ref(p), g._meta))  # NOTE: may be a view (a transposed mm result)
-            grad_storages[id(g._storage)] = g._storage
+            grads.append((weakref.ref(p), meta_of(g)))  # NOTE: may be a view (a transposed mm result)
+            grad_storages[id(storage_of(g))] = storage_of(g)
         elif g is None and was is not None:
             cleared.append(weakref.ref(p))
     escaped = _escaped(start, out_storages, grad_storages)
@@ -203,7 +197,7 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
         gc.collect()
         escaped = _escaped(start, out_storages, grad_storages)
 
-    arg_of = {id(t._storage): k for k, t in enumerate(flat) if isinstance(t, LazyTensor)}
+    arg_of = {id(storage_of(t)): k for k, t in enumerate(flat) if isinstance(t, LazyTensor)}
     state, mutated, written, written_old, wstorages = [], set(), [], [], []
     for sid, (ref, old) in before.items():
         s = ref()
@@ -218,13 +212,13 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     out_tensors = [t for t in out_leaves if isinstance(t, LazyTensor)]
     layouts.run_hooks(list(LIVE))  # NOTE: every pending storage, as sync() would: a path that syncs next skips them
     roots = _roots(wstorages, grads, out_tensors)
-    mesh = layouts.settle_state(executor._plan(roots), wstorages, written_old, [ref() for ref, _ in grads],
+    mesh = layouts.settle_state(executor.make_plan(roots), wstorages, written_old, [ref() for ref, _ in grads],
                                 [x for x in flat if isinstance(x, torch.optim.Optimizer)], start)
     if mesh is not None:
         roots = _roots(wstorages, grads, out_tensors)
-    out_items = [("t", t._meta) if isinstance(t, LazyTensor) else ("py", t) for t in out_leaves]
+    out_items = [("t", meta_of(t)) if isinstance(t, LazyTensor) else ("py", t) for t in out_leaves]
 
-    plan = executor._plan(roots)
+    plan = executor.make_plan(roots)
     struct, leaves, fns, wiring = plan.struct, plan.leaves, plan.fns, plan.wiring
     outs = list(dict.fromkeys(plan.outs))  # a value written to several storages is one program output
     at = {p: k for k, p in enumerate(outs)}
@@ -284,7 +278,7 @@ def _grads_at_start(params: list[torch.Tensor]) -> tuple[dict[int, list], dict[i
             continue
         before[id(p)] = weakref.ref(g)
         if isinstance(g, LazyTensor):
-            at.setdefault(id(g._storage), []).append((weakref.ref(p), chain_key(g)))
+            at.setdefault(id(storage_of(g)), []).append((weakref.ref(p), chain_key(g)))
     return at, before
 
 

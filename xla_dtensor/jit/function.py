@@ -26,7 +26,7 @@ from xla_dtensor.jit.args import describe_change, signature
 from xla_dtensor.jit.capture import capture, make_capturable, share_equal_scalars
 from xla_dtensor.jit.hidden import Hidden
 from xla_dtensor.config import config
-from xla_dtensor.core import executor, threads
+from xla_dtensor.core import executor, state, threads
 from xla_dtensor.core.tensor import LazyTensor
 from xla_dtensor.debug import analysis
 from xla_dtensor.debug import metrics_report as timing
@@ -100,7 +100,7 @@ class CompiledFunction:
                 if _pending():
                     executor.sync()
                 inputs = e.gather(flat)
-                if type(inputs) is list and threads.MULTI[0] and e.donate and \
+                if type(inputs) is list and state.STATE.multi and e.donate and \
                         executor.foreign_reads([inputs[i] for i in e.donate]):
                     executor.sync(all_threads=True)  # another thread's pending value reads a buffer donated here
                     inputs = e.gather(flat)
@@ -113,7 +113,7 @@ class CompiledFunction:
                     c["executions"] += 1
                     _CLEAN[threads.me()] = (c["ops_recorded"], c["hash_cons_hits"])
                     timing.record("replay_host", time.perf_counter() - t0)
-                    if analysis.ENABLED[0]:
+                    if state.STATE.debugging:
                         analysis.event("execute", "compile call (replay)", hash(e.struct), e.n_in, e.n_out,
                                        site=self._name)
                     return out
@@ -303,7 +303,7 @@ def _executable(cap: Any) -> tuple[Any, bool]:
     compiled = executor.lookup(key)
     if compiled is not None:
         return compiled, False
-    run = executor._program(cap.fns, cap.wiring, cap.shardings, cap.outs)
+    run = executor.make_program(cap.fns, cap.wiring, cap.shardings, cap.outs)
     n = len(cap.leaves)
 
     def program(*values: Any) -> tuple:

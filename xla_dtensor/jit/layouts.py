@@ -36,8 +36,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from xla_dtensor.core import executor
 from xla_dtensor.core.ir import DATA, Node, data_leaf
-from xla_dtensor.core.tensor import LazyTensor, Storage, value_of
-from xla_dtensor.spmd import layout as L
+from xla_dtensor.core.tensor import LazyTensor, Storage, is_view, storage_of, value_of
+from xla_dtensor.core import layout as L
 
 
 def run_hooks(storages: Iterable[Storage]) -> None:
@@ -125,10 +125,10 @@ def pin_state(written: list[tuple[Storage, Node]], grads: list[tuple[LazyTensor,
     for s, old in written:
         pin(s, layout_at_start(old, mesh))
     for p, t in grads + slots:
-        if t._chain or tuple(t.shape) != tuple(p.shape) or p._chain:
+        if is_view(t) or tuple(t.shape) != tuple(p.shape) or is_view(p):
             continue
-        ps = p._storage
-        pin(t._storage, final_layout(ps, start.get(id(ps), ps.value), mesh))
+        ps = storage_of(p)
+        pin(storage_of(t), final_layout(ps, start.get(id(ps), ps.value), mesh))
 
 
 def settle_state(plan: Any, written: list[Storage], written_old: list[Node], params: list[LazyTensor],
@@ -156,7 +156,7 @@ def new_slots(optimizers: Iterable[torch.optim.Optimizer], start: int) -> list[t
             if not isinstance(p, LazyTensor):
                 continue
             for t in st.values():
-                if isinstance(t, LazyTensor) and t._storage.seq > start and t._storage.value.fn is not None:
+                if isinstance(t, LazyTensor) and storage_of(t).seq > start and storage_of(t).value.fn is not None:
                     out.append((p, t))
     return out
 
@@ -173,9 +173,9 @@ def settle_hyperparameters(optimizers: Iterable[torch.optim.Optimizer]) -> None:
                 continue
             for v in group.values():
                 for t in (v if type(v) is tuple else (v,)):
-                    if isinstance(t, LazyTensor) and t.numel() <= 4096 and not t._chain \
-                            and single_device(t._storage.value):
-                        settle([(t._storage.value, [weakref.ref(t._storage)], replicated(mesh))])
+                    if isinstance(t, LazyTensor) and t.numel() <= 4096 and not is_view(t) \
+                            and single_device(storage_of(t).value):
+                        settle([(storage_of(t).value, [weakref.ref(storage_of(t))], replicated(mesh))])
 
 
 def settle(inputs: list[tuple[Node, list, Any]]) -> None:

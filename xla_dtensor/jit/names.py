@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from xla_dtensor.core.tensor import storage_of
+
 
 def _key(t: torch.Tensor) -> int:
     storage = getattr(t, "_storage", None)
@@ -52,13 +54,13 @@ def leaf_names(sources: list[tuple], names: dict[int, str], flat: list[Any]) -> 
     for src in sources:
         kind = src[0]
         if kind == "arg":
-            out.append(names.get(id(flat[src[1]]._storage), f"argument #{src[1]}"))
+            out.append(names.get(id(storage_of(flat[src[1]])), f"argument #{src[1]}"))
         elif kind == "cap":
             s = src[1]()
             out.append(names.get(id(s)) if s is not None else None)
         elif kind == "grad":
             p = src[1][0][0]()
-            out.append(f"gradient of {names.get(id(p._storage), 'a parameter')}" if p is not None else None)
+            out.append(f"gradient of {names.get(id(storage_of(p)), 'a parameter')}" if p is not None else None)
         else:
             out.append(None)
     return out

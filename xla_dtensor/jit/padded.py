@@ -1,7 +1,7 @@
 """Unevenly sharded tensors in a compiled call: read through their padded data, written back padded.
 
 A storage laid out unevenly (a dim not divisible by its shard count) holds
-``constraint(unpad(padded device data))`` (:mod:`xla_dtensor.spmd.layout`); at a sync
+``constraint(unpad(padded device data))`` (:mod:`xla_dtensor.core.layout`); at a sync
 its new value is padded again and the storage rebound to ``unpad`` of the padded
 result. A compiled call does the same: the program reads the padded array (the leaf
 under the storage's ``unpad``), writes the padded result, and the replay rebinds the
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from xla_dtensor.core.ir import Node
-from xla_dtensor.spmd import layout as L
+from xla_dtensor.core import layout as L
 
 
 def holders_with_padded(before: dict[int, tuple]) -> tuple[dict[int, list], dict[int, list], set[int]]:

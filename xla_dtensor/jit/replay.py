@@ -19,9 +19,9 @@ from xla_dtensor.core import executor
 from xla_dtensor.jit.capture import Capture
 from xla_dtensor.jit.host_reads import host_array
 from xla_dtensor.core.ir import DATA, Node, data_leaf
-from xla_dtensor.core.tensor import LazyTensor, new_tensor
+from xla_dtensor.core.tensor import LazyTensor, new_tensor, storage_of
 from xla_dtensor.jit import describe, hyper
-from xla_dtensor.spmd import layout as L
+from xla_dtensor.core import layout as L
 from xla_dtensor.jit.args import chain_key
 from xla_dtensor.random import next_key
 
@@ -130,7 +130,7 @@ class Entry:
         """The inputs of this call, or the reason they do not fit the program."""
         inputs = self.template.copy()
         for i, k, h in self.arg_in:
-            v = flat[k]._storage.value
+            v = storage_of(flat[k]).value
             if v.hash != h and not self.heal(i, v):
                 arr = self.replicate(i, v)
                 if arr is None:
@@ -168,7 +168,7 @@ class Entry:
                 v = v.data
             inputs[i] = v
         for i, kind, src, h in self.pad_in:  # uneven storages: the padded data under their unpad
-            s = flat[src]._storage if kind == "arg" else src()
+            s = storage_of(flat[src]) if kind == "arg" else src()
             if s is None:
                 return f"captured tensor (program input {i}) was freed"
             v = L.padded_source(s.value)
@@ -277,7 +277,7 @@ class Entry:
                 s.value = node
                 s.version += 1
             for src in others:
-                s = flat[src[1]]._storage if src[0] == "arg" else src[1][0][0]().grad._storage
+                s = storage_of(flat[src[1]]) if src[0] == "arg" else storage_of(src[1][0][0]().grad)
                 s.value = node
                 s.version += 1
         for ref, meta, r, key, h in self.grad_w:
@@ -304,8 +304,8 @@ def _grad_value(holders: list, h: int) -> Any:
         if not isinstance(g, LazyTensor) or chain_key(g) != chain:
             return NewProgram(f"{GRADS_CHANGED}: a gradient is missing or is another view than when traced")
         if storage is None:
-            storage = g._storage
-        elif g._storage is not storage:
+            storage = storage_of(g)
+        elif storage_of(g) is not storage:
             return NewProgram(f"{GRADS_CHANGED}: gradients that were views of one tensor when traced no longer are")
     v = storage.value
     if v.hash != h:

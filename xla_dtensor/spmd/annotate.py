@@ -20,12 +20,12 @@ from typing import Any, Sequence
 
 import jax
 
-from mesh import Mesh, from_torch, get_global_mesh
+from mesh import Mesh, from_torch, get_global_mesh, torch_bridge
 from xla_dtensor.core import executor, threads
 from xla_dtensor.core.ir import DATA, data_leaf
-from xla_dtensor.core.tensor import LazyTensor, Storage, value_of
+from xla_dtensor.core.tensor import LazyTensor, Storage, is_view, meta_of, set_view_value, storage_of, value_of
 from xla_dtensor.sharding import HloSharding, ShardingSpec
-from xla_dtensor.spmd import layout as L
+from xla_dtensor.core import layout as L
 from xla_dtensor.spmd.errors import MeshDevicesError, NotShardableError
 
 _STICKY: weakref.WeakKeyDictionary[Storage, ShardingSpec] = weakref.WeakKeyDictionary()
@@ -49,8 +49,7 @@ def submesh(device_mesh: Any, axes: str | Sequence[str]) -> Any:
     names = (axes,) if isinstance(axes, str) else tuple(axes)
     if isinstance(device_mesh, Mesh):
         return device_mesh[names]
-    from xla_dtensor._torch_hook import slice_xla_mesh
-    return slice_xla_mesh(device_mesh, names)
+    return torch_bridge.slice_xla_mesh(device_mesh, names)
 
 
 def as_mesh(device_mesh: Any) -> Mesh:
@@ -101,13 +100,12 @@ def _require_lazy(t: Any, what: str) -> LazyTensor:
 @threads.locked  # NOTE: rebinds a storage another thread's sync() may be reading
 def apply_spec(t: LazyTensor, spec: ShardingSpec) -> None:
     """Lay ``t`` out as ``spec`` in place (see the module doc). ``spec`` must be valid for ``t``."""
-    shape, dtype = t._meta[0], t._meta[1]
-    if t._chain:
-        v = value_of(t)
-        t._vcache = L.constrain(v, L.named(spec))
-        _VIEW_SPECS[id(t)] = (weakref.ref(t, _forget(id(t))), spec, t._storage.version)
+    shape, dtype = meta_of(t)[0], meta_of(t)[1]
+    if is_view(t):
+        set_view_value(t, L.constrain(value_of(t), L.named(spec)))
+        _VIEW_SPECS[id(t)] = (weakref.ref(t, _forget(id(t))), spec, storage_of(t).version)
         return
-    s = t._storage
+    s = storage_of(t)
     s.value = L.reshard(s.value, shape, dtype, spec)
     s.version += 1
     _STICKY[s] = spec
@@ -159,23 +157,23 @@ def clear_sharding(t: Any) -> Any:
     t = _require_lazy(t, "clear_sharding")
     spec = get_spec(t)
     entry = _VIEW_SPECS.pop(id(t), None)
-    if t._chain:
-        if entry is not None and L.is_constraint(t._vcache):
-            t._vcache = t._vcache.inputs[0]
+    if is_view(t):
+        if entry is not None and L.is_constraint(value_of(t)):
+            set_view_value(t, value_of(t).inputs[0])
         return t
-    _STICKY.pop(t._storage, None)
+    _STICKY.pop(storage_of(t), None)
     if spec is not None and not spec.is_replicated:
         apply_spec(t, ShardingSpec.replicated(spec.mesh, t.dim()))
-        _STICKY.pop(t._storage, None)
+        _STICKY.pop(storage_of(t), None)
     return t
 
 
 def sticky_spec(t: LazyTensor) -> ShardingSpec | None:
     """The spec the user gave ``t`` (``mark_sharding``/``distribute_tensor``), else ``None``."""
-    if t._chain:
+    if is_view(t):
         entry = _VIEW_SPECS.get(id(t))
         return entry[1] if entry is not None and entry[0]() is t else None
-    return _STICKY.get(t._storage)
+    return _STICKY.get(storage_of(t))
 
 
 def get_spec(t: LazyTensor) -> ShardingSpec | None:

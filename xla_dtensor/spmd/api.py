@@ -14,10 +14,10 @@ import jax
 import numpy as np
 import torch
 
-from xla_dtensor.core.tensor import LazyTensor, new_tensor, value_of
+from xla_dtensor.core.tensor import LazyTensor, meta_of, new_tensor, storage_of, value_of
 from xla_dtensor.sharding import ShardingSpec
 from xla_dtensor.spmd import annotate as A
-from xla_dtensor.spmd import layout as L
+from xla_dtensor.core import layout as L
 from xla_dtensor.spmd.errors import MeshDevicesError
 from xla_dtensor.spmd.sharded_tensor import XLAShardedTensor, _wrap_plain
 
@@ -72,17 +72,17 @@ def distribute_tensor(tensor: torch.Tensor, device_mesh: Any = None,
     shape, dtype = tuple(tensor.shape), tensor.dtype
     if tensor.is_meta:  # a meta module: the layout now, the shards at to_empty (spmd.meta_init)
         from xla_dtensor.spmd.meta_init import meta_sharded
-        stride = tensor._meta[2] if isinstance(tensor, LazyTensor) else _contiguous(shape)
+        stride = meta_of(tensor)[2] if isinstance(tensor, LazyTensor) else _contiguous(shape)
         res = meta_sharded(shape, dtype, stride, spec, device_mesh)
         return res.requires_grad_(tensor.requires_grad) if tensor.requires_grad else res
     if isinstance(tensor, LazyTensor):
         value = L.reshard(value_of(tensor), shape, dtype, spec.reduced())
-        meta = (shape, dtype, tensor._meta[2])
+        meta = (shape, dtype, meta_of(tensor)[2])
     else:
         value = L.place_host(tensor, spec.reduced())
         meta = (shape, dtype, _contiguous(shape))
     out = new_tensor(meta, value)
-    A._STICKY[out._storage] = spec.reduced()
+    A._STICKY[storage_of(out)] = spec.reduced()
     res = _wrap_plain(out)._record(spec, device_mesh)
     return res.requires_grad_(tensor.requires_grad) if tensor.requires_grad else res
 

@@ -51,8 +51,8 @@ from torch import nn
 import autoshard
 from autoshard.guard import verdict
 from mesh import Mesh, Topology, topology_for
-from xla_dtensor.core import executor
-from xla_dtensor.core.tensor import LazyTensor, Storage
+from xla_dtensor.core import executor, state
+from xla_dtensor.core.tensor import LazyTensor, Storage, storage_of
 from xla_dtensor.sharding import ShardingSpec
 from xla_dtensor.spmd import annotate as A
 
@@ -175,7 +175,7 @@ def prepare_module(module: nn.Module, m: Mesh, policy: AutoPolicy) -> None:
                     t = XLAShardedTensor.wrap(p.detach())
                 else:
                     t = distribute_tensor(p.detach(), m, None)
-                    A._STICKY.pop(t._storage, None)  # NOTE: the plan decides; replicated until then
+                    A._STICKY.pop(storage_of(t), None)  # NOTE: the plan decides; replicated until then
                 new = done[id(p)] = nn.Parameter(t, requires_grad=p.requires_grad)
             sub._parameters[key] = new
     owner = weakref.ref(module)  # NOTE: no strong reference: a dropped module drops its scope
@@ -310,7 +310,7 @@ def _pre_sync(pending: list[Storage]) -> None:
             _WAITING.remove(scope)
             continue
         params = list(scope.named_params())
-        if any(isinstance(p, LazyTensor) and p._storage in pend for _, p in params):
+        if any(isinstance(p, LazyTensor) and storage_of(p) in pend for _, p in params):
             _plan_scope(scope, params, pending)
 
 
@@ -322,9 +322,8 @@ def _constrain_activations(pending: list[Storage], pend: set[Storage]) -> None:
     _TABLES[:] = [s for s in _TABLES if s.owner() is not None]
     roots = None
     for scope in _TABLES:
-        if any(isinstance(p, LazyTensor) and p._storage in pend for _, p in scope.named_params()):
-            if executor.DEFERRING[0]:  # sync() lays the table on its own walk of the graph
-                executor.DEFERRED.append(scope.table)
+        if any(isinstance(p, LazyTensor) and storage_of(p) in pend for _, p in scope.named_params()):
+            if state.defer(scope.table):  # sync() lays the table on its own walk of the graph
                 continue
             roots = roots if roots is not None else [s.value for s in pending]
             scope.table.apply(roots)
@@ -354,7 +353,7 @@ def _activation_shardings(scope: _Scope, plan: Any, graph: Any, ir_of: dict[tupl
 
 
 def _put(out: dict[int, Any], scope: _Scope, n: Any, spec: tuple, shape: tuple[int, ...]) -> None:
-    from xla_dtensor.spmd import layout as L
+    from xla_dtensor.core import layout as L
 
     if "P" in spec or not shape:
         return
@@ -372,7 +371,7 @@ def _plan_scope(scope: _Scope, params: list[tuple[str, torch.Tensor]], pending: 
     opt = next((r() for r in reversed(scope.optimizers) if r() is not None), None)
     holder = _Holder(params)
     pstore, state = step_roles(holder, opt)
-    inputs = {t._storage: k for k, t in scope.inputs.items()} if scope.is_module else None
+    inputs = {storage_of(t): k for k, t in scope.inputs.items()} if scope.is_module else None
     name = type(scope.owner()).__name__ if scope.is_module else "step"
     graph, ir_of = graph_from_ir_with_nodes(pending, params=pstore, opt_state=state, inputs=inputs, name=name)
     if not graph.grads:

@@ -5,10 +5,10 @@ from typing import Any, Sequence
 
 import torch
 
-from xla_dtensor.core.tensor import LazyTensor, new_tensor, value_of
+from xla_dtensor.core.tensor import LazyTensor, meta_of, new_tensor, value_of
 from xla_dtensor.sharding import ShardingSpec
 from xla_dtensor.spmd import annotate as A
-from xla_dtensor.spmd import layout as L
+from xla_dtensor.core import layout as L
 
 
 def mark_sharding_with_gradients(t: Any, mesh: Any, partition_spec: Sequence[Any]) -> torch.Tensor:
@@ -33,10 +33,10 @@ class _ShardBoth(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: LazyTensor, sharding: Any) -> LazyTensor:  # noqa: ANN401
         ctx.sharding = sharding
-        return new_tensor(x._meta, L.constrain(value_of(x), sharding))
+        return new_tensor(meta_of(x), L.constrain(value_of(x), sharding))
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> tuple[Any, None]:
         if isinstance(grad, LazyTensor):
-            grad = new_tensor(grad._meta, L.constrain(value_of(grad), ctx.sharding))
+            grad = new_tensor(meta_of(grad), L.constrain(value_of(grad), ctx.sharding))
         return grad, None

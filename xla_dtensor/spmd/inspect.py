@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from xla_dtensor.core.peer_errors import guard
-from xla_dtensor.core.tensor import LazyTensor
+from xla_dtensor.core.tensor import LazyTensor, is_view
 from xla_dtensor.spmd import annotate as A
 
 
@@ -61,9 +61,9 @@ def to_host(t: LazyTensor) -> "np.ndarray":
     import numpy as np
 
     from xla_dtensor.core.executor import materialize
-    from xla_dtensor.spmd.layout import padded_source
+    from xla_dtensor.core.layout import padded_source
     from xla_dtensor.core.tensor import value_of
-    src = padded_source(value_of(t)) if not t._chain else None
+    src = padded_source(value_of(t)) if not is_view(t) else None
     arr = src.data if src is not None else materialize(t)
     if not isinstance(arr, jax.Array) or arr.is_fully_addressable:
         out = np.asarray(arr)

@@ -35,10 +35,10 @@ import torch
 
 from xla_dtensor.core.device import DEVICE_NAME
 from xla_dtensor.core.ir import Node
-from xla_dtensor.core.tensor import Storage, value_of, write
+from xla_dtensor.core.tensor import Storage, adopt, is_view, meta_of, storage_of, value_of, wrap_like, write
 from xla_dtensor.sharding import ShardingSpec
 from xla_dtensor.spmd import annotate as A
-from xla_dtensor.spmd import layout as L
+from xla_dtensor.core import layout as L
 from xla_dtensor.spmd.errors import MetaParameterError
 from xla_dtensor.spmd.sharded_tensor import XLAShardedTensor, _wrap_plain
 
@@ -70,16 +70,14 @@ def meta_sharded(shape: tuple[int, ...], dtype: torch.dtype, stride: tuple[int, 
     t = _new(MetaShardedTensor, meta[0], strides=meta[2], dtype=dtype, device="meta")
     key = (META, meta[0], dtype)
     storage = Storage(Node(META, key, (), hash(key), None), meta)  # NOTE: not in LIVE: never pending
-    t._storage, t._chain, t._meta = storage, (), meta
+    adopt(t, storage, meta)
     if sticky:
         A._STICKY[storage] = spec.reduced()
     return t._record(spec, mesh_arg)
 
 
 def _alias(t: MetaShardedTensor) -> MetaShardedTensor:
-    shape, dtype, stride = t._meta
-    out = _new(MetaShardedTensor, shape, strides=stride, dtype=dtype, device="meta")
-    out._storage, out._chain, out._meta = t._storage, t._chain, t._meta
+    out = wrap_like(MetaShardedTensor, t, device="meta")
     out._dt_spec, out._dt_version, out._dt_mesh_arg = t._dt_spec, t._dt_version, t._dt_mesh_arg
     return out
 
@@ -118,7 +116,7 @@ def _to_copy(t: MetaShardedTensor, kwargs: dict) -> Any:
     if device is None or torch.device(device).type == "meta":
         dtype = kwargs.get("dtype") or t.dtype
         spec = t._recorded()
-        out = meta_sharded(t._meta[0], dtype, t._meta[2], spec, t._dt_mesh_arg, sticky=A.sticky_spec(t) is not None)
+        out = meta_sharded(meta_of(t)[0], dtype, meta_of(t)[2], spec, t._dt_mesh_arg, sticky=A.sticky_spec(t) is not None)
         return out
     raise MetaParameterError(
         f"cannot copy a sharded meta tensor (shape {tuple(t.shape)}, placements {_placements(t)}) to "
@@ -141,16 +139,16 @@ def empty_like(t: XLAShardedTensor, device: Any, dtype: torch.dtype | None) -> X
     spec = t._recorded() or A.sticky_spec(t)
     sticky = A.sticky_spec(t) is not None
     if kind == "meta":
-        return meta_sharded(t._meta[0], dtype, t._meta[2], spec, getattr(t, "_dt_mesh_arg", None), sticky=sticky)
+        return meta_sharded(meta_of(t)[0], dtype, meta_of(t)[2], spec, getattr(t, "_dt_mesh_arg", None), sticky=sticky)
     if kind != DEVICE_NAME:
         mesh = spec.mesh.root.device_ids if spec is not None else "the mesh"
         raise MetaParameterError(
             f"cannot allocate a sharded tensor (shape {tuple(t.shape)}, placements {_placements_of(t)}) on "
             f"{device}: its shards live on the jax devices {mesh}. Use module.to_empty(device="
             f"xla_dtensor.device()) (device type {DEVICE_NAME!r})")
-    out = _zeros(tuple(t._meta[0]), dtype)
+    out = _zeros(tuple(meta_of(t)[0]), dtype)
     if sticky:
-        A._STICKY[out._storage] = A.sticky_spec(t)
+        A._STICKY[storage_of(out)] = A.sticky_spec(t)
     res = _wrap_plain(out)
     return res._record(spec, getattr(t, "_dt_mesh_arg", None)) if spec is not None else res
 
@@ -169,7 +167,7 @@ def copy_from_host(dst: XLAShardedTensor, src: torch.Tensor) -> XLAShardedTensor
     placed shard by shard (each device receives only its slice), or ``None`` where the
     general copy applies."""
     spec = A.sticky_spec(dst)
-    if spec is None or dst._chain or type(src) not in (torch.Tensor, torch.nn.Parameter) \
+    if spec is None or is_view(dst) or type(src) not in (torch.Tensor, torch.nn.Parameter) \
             or src.device.type != "cpu" or tuple(src.shape) != tuple(dst.shape):
         return None
     host = src.detach()

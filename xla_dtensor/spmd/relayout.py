@@ -29,9 +29,9 @@ import jax
 import torch
 
 from xla_dtensor.core.ir import DATA
-from xla_dtensor.core.tensor import LazyTensor, new_tensor, new_view, value_of
+from xla_dtensor.core.tensor import LazyTensor, chain_of, meta_of, new_tensor, new_view, storage_of, value_of
 from xla_dtensor.sharding import ShardingSpec
-from xla_dtensor.spmd import layout as L
+from xla_dtensor.core import layout as L
 
 _P = jax.sharding.PartitionSpec
 
@@ -95,7 +95,7 @@ def _constrain_grad(grad: torch.Tensor | None, spec: ShardingSpec | None) -> tor
     sharding = constraint_for(spec)
     if sharding is None:
         return grad
-    return new_tensor(grad._meta, L.constrain(value_of(grad), sharding))
+    return new_tensor(meta_of(grad), L.constrain(value_of(grad), sharding))
 
 
 class Relayout(torch.autograd.Function):
@@ -104,7 +104,7 @@ class Relayout(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: LazyTensor, spec: ShardingSpec, grad_spec: ShardingSpec | None) -> LazyTensor:  # noqa: ANN401
         ctx.grad_spec = grad_spec
-        return new_tensor(x._meta, laid_out(x, spec))
+        return new_tensor(meta_of(x), laid_out(x, spec))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None, None]:
@@ -119,7 +119,7 @@ class Recompute(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: LazyTensor, value: Any, grad_spec: ShardingSpec | None) -> LazyTensor:  # noqa: ANN401
         ctx.grad_spec = grad_spec
-        return new_tensor(x._meta, value)
+        return new_tensor(meta_of(x), value)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None, None]:
@@ -133,7 +133,7 @@ class Alias(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: LazyTensor, grad_spec: ShardingSpec | None) -> LazyTensor:  # noqa: ANN401
         ctx.grad_spec = grad_spec
-        return new_view(x._meta, x._storage, x._chain, value_of(x))
+        return new_view(meta_of(x), storage_of(x), chain_of(x), value_of(x))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None]:

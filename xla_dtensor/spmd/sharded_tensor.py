@@ -39,11 +39,11 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from mesh import Mesh
-from xla_dtensor.core.tensor import OUT as _OUT
+from xla_dtensor.core.tensor import OUT as _OUT, chain_of, is_view, meta_of, storage_of, wrap_like
 from xla_dtensor.core.tensor import LazyTensor, value_of
 from xla_dtensor.sharding import ShardingSpec, shard_indices
 from xla_dtensor.spmd import annotate as A
-from xla_dtensor.spmd import layout as L
+from xla_dtensor.core import layout as L
 from xla_dtensor.spmd import relayout as R
 from xla_dtensor.spmd.errors import MeshDevicesError
 
@@ -113,7 +113,7 @@ class XLAShardedTensor(LazyTensor, DTensor):
             from xla_dtensor.core.executor import sync
             sync()
             spec = self.spec
-        if spec is None and self._chain:  # a view (say a gradient torch transposed twice): its array's layout
+        if spec is None and is_view(self):  # a view (say a gradient torch transposed twice): its array's layout
             from xla_dtensor.core.executor import materialize
             arr = materialize(self)
             if isinstance(arr, jax.Array):
@@ -180,19 +180,19 @@ class XLAShardedTensor(LazyTensor, DTensor):
     def _recorded(self) -> ShardingSpec | None:
         """The spec this tensor was made with, while it has not been written in place."""
         spec = getattr(self, "_dt_spec", None)
-        if spec is None or getattr(self, "_dt_version", -1) != self._storage.version:
+        if spec is None or getattr(self, "_dt_version", -1) != storage_of(self).version:
             return None
         return spec
 
     def _record(self, spec: ShardingSpec, mesh_arg: Any) -> XLAShardedTensor:
-        self._dt_spec, self._dt_version, self._dt_mesh_arg = spec, self._storage.version, mesh_arg
+        self._dt_spec, self._dt_version, self._dt_mesh_arg = spec, storage_of(self).version, mesh_arg
         return self
 
     @property
     def global_tensor(self) -> LazyTensor:
         """A plain lazy tensor sharing this one's storage."""
         from xla_dtensor.core.tensor import new_view
-        return new_view(self._meta, self._storage, self._chain, value_of(self))
+        return new_view(meta_of(self), storage_of(self), chain_of(self), value_of(self))
 
     # -- values ---------------------------------------------------------------------
     @staticmethod
@@ -377,11 +377,8 @@ def _rewrap(x: Any) -> Any:
 
 def _wrap_plain(t: LazyTensor) -> XLAShardedTensor:
     """A new ``XLAShardedTensor`` object over ``t``'s storage (no autograd history)."""
-    shape, dtype, stride = t._meta
-    out = _new(XLAShardedTensor, shape, strides=stride, dtype=dtype, device=t.device)
-    out._storage, out._chain, out._meta = t._storage, t._chain, t._meta
-    if t._chain:
-        out._vcache, out._seen = value_of(t), t._seen
+    out = wrap_like(XLAShardedTensor, t)
+    if is_view(t):
         entry = A._VIEW_SPECS.get(id(t))
         if entry is not None and entry[0]() is t:
             import weakref

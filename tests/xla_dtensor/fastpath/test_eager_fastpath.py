@@ -12,6 +12,7 @@ from xla_dtensor.core import executor
 from xla_dtensor.core.ir import topo_order
 from xla_dtensor.core.tensor import new_tensor, value_of
 from xla_dtensor.debug import analysis
+from xla_dtensor.core.state import STATE
 
 
 def _ops(x: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
@@ -27,7 +28,7 @@ def test_eager_fast_path_matches_cpu_and_reuses_programs(dev, debug):
     x, w = torch.randn(6, 5), torch.randn(4, 5)
     ref = _ops(x.clone(), w)
     xd, wd = x.to(dev), w.to(dev)
-    was = analysis.ENABLED[0]
+    was = STATE.debugging
     analysis.set_debug(debug)
     xla_dtensor.eager_mode(True)
     try:
@@ -53,7 +54,7 @@ def test_plan_lays_out_nodes_in_topological_order_with_shared_inputs(dev):
     c = b + a                       # a used twice
     d = (c * b).sum()               # b shared by two users
     roots = [value_of(d), value_of(c)]
-    plan = executor._plan(roots)
+    plan = executor.make_plan(roots)
     assert [id(n) for n in plan.order] == [id(n) for n in topo_order(roots)]
     pos = {id(n): i for i, n in enumerate(plan.order)}
     for n, w in zip(plan.order, plan.wiring):

@@ -65,7 +65,7 @@ def test_uneven_parameter_keeps_layout_through_training_steps(dev):
     torch.testing.assert_close(lin.weight.cpu(), ref.weight.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(lin.bias.cpu(), ref.bias.detach(), rtol=1e-5, atol=1e-6)
     # after sync the data is stored padded to 12 rows, evenly split, logical shape outside
-    from xla_dtensor.spmd.layout import padded_source
+    from xla_dtensor.core.layout import padded_source
     src = padded_source(lin.weight._storage.value)
     assert src is not None and src.data.shape == (12, 6)
     assert {s.data.shape for s in src.data.addressable_shards} == {(3, 6)}

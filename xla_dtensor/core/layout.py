@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from xla_dtensor.core import executor
+from xla_dtensor.core import state
 from xla_dtensor.core.dtypes import to_jax
 from xla_dtensor.core.ir import DATA, Node, data_leaf, make_node
 from xla_dtensor.sharding import ShardingSpec
@@ -121,7 +121,7 @@ def place_host(host: torch.Tensor, spec: ShardingSpec) -> Node:
 def reshard(value: Node, shape: tuple[int, ...], dtype: torch.dtype, spec: ShardingSpec) -> Node:
     """``value`` laid out as ``spec``: device data moves now, a pending value gets a constraint."""
     ns = named(spec)
-    if executor.CAPTURING[0]:  # inside a compiled function: a constraint in the program, replayed every call
+    if state.STATE.capturing:  # inside a compiled function: a constraint in the program, replayed every call
         return constrain(value, ns)
     src = padded_source(value)
     if src is not None:  # an uneven value whose data is already on the devices
