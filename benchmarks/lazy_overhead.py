@@ -12,6 +12,9 @@ medians of 10 steps:
   (``metrics ops_recorded``). Overlap: the back-to-back step wall time next to the host
   wall time (until ``sync()`` returns) plus the device time (the same step with a
   ``wait()`` after ``sync()``: the wait's wall time).
+* ``lazy_tp`` / ``lazy_auto``: the lazy case on 8 devices, 2x4 Megatron (``mark_sharding`` on
+  the blocks' weights, batch split on ``data``) and ``partition_fn="AUTO"`` on the 2x4 mesh
+  (``benchmarks/spmd_step.place``); their host time against one device's.
 * ``profile``: ``cProfile`` over 5 lazy steps, each function's own time binned into the
   parts of the per-op path (dispatch entry, signature, inference, node creation and
   hashing, output tensors, autograd and modules (everything outside our dispatch), the
@@ -76,13 +79,25 @@ def case_torch(args: argparse.Namespace) -> dict:
     return {"cpu_ms": 1e3 * statistics.median(cpu), "wall_ms": 1e3 * statistics.median(wall)}
 
 
-def case_lazy(args: argparse.Namespace) -> dict:
+def _setup_sharded(row: str, opt_name: str) -> tuple[Any, Any, Any]:
+    """The benchmark model laid out as ``spmd_step``'s row ``row`` ("tp": 2x4 Megatron, "auto")."""
+    import torch
+
+    from benchmarks.spmd_step import place
+    base, opt, (idx, tgt) = _setup(torch.device("cpu"), opt_name)
+    model, xd, yd = place(row, base, idx, tgt)
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=0.01) if opt_name == "sgd" else torch.optim.AdamW(params, lr=1e-3)
+    return model, opt, (xd, yd)
+
+
+def case_lazy(args: argparse.Namespace, layout: str = "one") -> dict:
     import torch
     torch.set_num_threads(1)
     import xla_dtensor
     from xla_dtensor import metrics
     dev = xla_dtensor.device()
-    model, opt, batch = _setup(dev, args.opt)
+    model, opt, batch = _setup(dev, args.opt) if layout == "one" else _setup_sharded(layout, args.opt)
     cpu, host_wall, ops = [], [], []
     for i in range(3 + args.steps):  # back to back: each sync() returns before its program ends
         m0 = metrics.counters()["ops_recorded"]
@@ -185,7 +200,8 @@ def case_profile(args: argparse.Namespace) -> dict:
                     for t, s in top[:25]]}
 
 
-CASES = {"torch": case_torch, "lazy": case_lazy, "profile": case_profile}
+CASES = {"torch": case_torch, "lazy": case_lazy, "profile": case_profile,
+         "lazy_tp": lambda a: case_lazy(a, "tp"), "lazy_auto": lambda a: case_lazy(a, "auto")}
 
 
 def _run_case(name: str, args: argparse.Namespace) -> dict:
@@ -194,7 +210,7 @@ def _run_case(name: str, args: argparse.Namespace) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def _table(label: str, opt: str, t: dict, lz: dict, pr: dict) -> str:
+def _table(label: str, opt: str, t: dict, lz: dict, pr: dict, sharded: dict) -> str:
     lines = [f"## {label} ({opt})", "", "```"]
     lines.append(f"{'case':<34}{'value':>10}")
     rows = [
@@ -210,6 +226,9 @@ def _table(label: str, opt: str, t: dict, lz: dict, pr: dict) -> str:
         ("host + device ms", lz["waited_host_ms"] + lz["device_ms"]),
         ("compiles (whole run)", lz["compiles"]),
     ]
+    for name, sh in sharded.items():
+        rows += [(f"{name}: host CPU ms / step", sh["cpu_ms"]), (f"{name} / one device", sh["cpu_ms"] / lz["cpu_ms"]),
+                 (f"{name}: ops recorded / step", sh["ops"])]
     for name, v in rows:
         lines.append(f"{name:<34}{v:>10.2f}")
     lines.append("")
@@ -280,12 +299,13 @@ def main() -> None:
     t = _run_case("torch", args)
     lz = _run_case("lazy", args)
     pr = _run_case("profile", args)
-    section = _table(args.label, args.opt, t, lz, pr)
+    sharded = {"lazy 2x4 Megatron": _run_case("lazy_tp", args), "lazy AUTO 2x4": _run_case("lazy_auto", args)}
+    section = _table(args.label, args.opt, t, lz, pr, sharded)
     print(section)
     if not args.no_save:
         _save(f"{args.label} ({args.opt})", section, {"torch_ms": t["cpu_ms"], "lazy_cpu_ms": lz["cpu_ms"],
                                                       "us_per_op": lz["us_per_op"], "bins": pr["bins_us_per_op"],
-                                                      "lazy": lz, "torch": t})
+                                                      "lazy": lz, "torch": t, "sharded": sharded})
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ Example:
 """
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
+
+_PYTHON_GC = gc.get_threshold()  # Python's (or the user's) setting when the library loaded
 
 
 @dataclass
@@ -45,6 +48,14 @@ class Config:
             ``compile``) as one attention op lowered to the platform's fused kernel
             (cuDNN on GPU, Pallas on TPU, XLA's math on CPU); ``False``: torch's
             decomposition into primitive ops. See ``xla_dtensor/core/sdpa.py``.
+        gc_threshold: Python's young-generation collection threshold (the first value of
+            ``gc.set_threshold``) while the library is loaded: raised to this value, never
+            lowered (default 20,000; ``None``: Python's own setting). A lazy step keeps ~5
+            container objects per recorded op alive until ``sync()`` (node, tensor,
+            storage, tuples), so at Python 3.11's 700 a 12-layer GPT step ran ~24 young
+            collections, each traversing every young tensor: 16% of the step's host time
+            (``benchmarks/results/lazy_overhead.md``). Reference cycles are still
+            collected, just in larger batches.
     """
 
     cpu_fallback: bool = False
@@ -56,6 +67,7 @@ class Config:
     compile_cache_size: int = 32
     check_indices: bool | None = True
     fused_attention: bool = True
+    gc_threshold: int | None = 20_000
 
     def __setattr__(self, name: str, value: object) -> None:
         if name not in type(self).__dataclass_fields__:
@@ -70,7 +82,16 @@ class Config:
             raise ValueError(f"fused_attention must be True or False, got {value!r}")
         if name == "check_indices" and value not in (None, True, False):
             raise ValueError(f"check_indices must be True, False or None (eager mode only), got {value!r}")
+        if name == "gc_threshold":
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"gc_threshold must be a positive int or None, got {value!r}")
+            _set_gc_threshold(value)
         object.__setattr__(self, name, value)
+
+
+def _set_gc_threshold(value: int | None) -> None:
+    young = _PYTHON_GC[0] if value is None or not _PYTHON_GC[0] else max(_PYTHON_GC[0], value)
+    gc.set_threshold(young, *gc.get_threshold()[1:])
 
 
 config = Config()
