@@ -1,7 +1,7 @@
-"""The marginal-form MIP of a :class:`~autoshard._compact.Compact` problem, with memory
+"""The marginal-form MIP of a :class:`~autoshard.solver._compact.Compact` problem, with memory
 rows added lazily.
 
-Same model as :mod:`autoshard._lp` (binary ``s`` per strategy, continuous ``e`` per
+Same model as :mod:`autoshard.solver._lp` (binary ``s`` per strategy, continuous ``e`` per
 finite edge entry tied by marginal rows) over the compact problem. Memory rows are
 generated: solve with a subset of the kept rows, add the rows the plan overflows (the
 worst ones, at most ``batch``), repeat. Every model solved is a relaxation of the full
@@ -17,9 +17,9 @@ from typing import Callable
 
 import numpy as np
 
-from autoshard._compact import Compact, entry_index, objective, restrict, usage
-from autoshard._lp import Model, _memory, _Rows, solve_model
-from autoshard._memory import MemoryRows
+from autoshard.solver._compact import Compact, entry_index, objective, restrict, usage
+from autoshard.solver._lp import Model, _memory, _Rows, solve_model
+from autoshard.solver._memory import MemoryRows
 
 __all__ = ["build_compact_model", "solve_compact", "lp_dive", "CompactResult", "FAILED"]
 

@@ -2,7 +2,7 @@
 
 A :class:`Compact` is a presolved strategy problem in flat numpy arrays, where one
 compact node may stand for several original nodes (bijection contraction,
-:mod:`autoshard._contract`): compact strategy ``j`` of node ``c`` fixes every member
+:mod:`autoshard.solver._contract`): compact strategy ``j`` of node ``c`` fixes every member
 ``v`` to ``vmap[vmap_off[v] + j]``. Edges are dense row-major blocks (``inf``:
 forbidden pair). Memory is a list of *terms*: global strategy ``tg`` adds ``tcoef`` to
 every kept memory row in ``[tlo, thi)`` (a member's excess over its minimum); rows carry
@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoshard._memory import MemoryRows
-from autoshard._presolve import Reduced
+from autoshard.solver._memory import MemoryRows
+from autoshard.solver._presolve import Reduced
 
 __all__ = ["Compact", "from_reduced", "restrict", "fold_fixed", "arc_consistency", "simplify",
            "plan_of", "x_of", "objective", "usage", "entry_index", "Infeasible"]

@@ -13,8 +13,8 @@ import math
 
 import numpy as np
 
-from autoshard._compact import Compact, objective
-from autoshard._space import Space
+from autoshard.solver._compact import Compact, objective
+from autoshard.solver._space import Space
 
 __all__ = ["construct", "start_plan"]
 

@@ -17,7 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import breadth_first_order, connected_components
 
-from autoshard._compact import Compact, _offsets, entry_index, simplify
+from autoshard.solver._compact import Compact, _offsets, entry_index, simplify
 
 __all__ = ["contract", "bijection_edges"]
 

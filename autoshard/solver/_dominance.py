@@ -1,4 +1,4 @@
-"""Remove dominated strategies of a :class:`~autoshard._compact.Compact` problem.
+"""Remove dominated strategies of a :class:`~autoshard.solver._compact.Compact` problem.
 
 Strategy ``q`` of node ``u`` dominates ``p`` when switching any plan from ``p`` to ``q``
 can only lower the cost and never raises memory:
@@ -17,9 +17,12 @@ import math
 
 import numpy as np
 
-from autoshard._compact import Compact, restrict
+from autoshard.solver._compact import Compact, from_reduced, restrict
+from autoshard.solver._contract import contract
+from autoshard.solver._memory import MemoryRows
+from autoshard.solver._presolve import Reduced
 
-__all__ = ["dominated", "remove_dominated"]
+__all__ = ["dominated", "remove_dominated", "compact_presolve"]
 
 
 def _edge_gain(block: np.ndarray) -> np.ndarray:
@@ -77,3 +80,23 @@ def remove_dominated(cp: Compact) -> tuple[Compact, int]:
     """``cp`` without its dominated strategies, and how many were removed."""
     dom = dominated(cp)
     return restrict(cp, ~dom), int(dom.sum())
+
+
+def compact_presolve(reduced: Reduced, memory: MemoryRows | None,
+                     limit: float | None) -> tuple[Compact, dict]:
+    """Contract bijections and drop dominated strategies until nothing changes.
+
+    Raises :class:`autoshard.solver._compact.Infeasible` if some node loses every strategy.
+    """
+    compact = contract(from_reduced(reduced, memory, limit))
+    removed = 0
+    while compact.n:
+        smaller, count = remove_dominated(compact)
+        if count == 0:
+            break
+        removed += count
+        compact = contract(smaller)
+    stats = dict(compact_nodes=compact.n, compact_strategies=int(compact.off[-1]), compact_edges=compact.m,
+                 compact_entries=int(np.isfinite(compact.W).sum()), dominated=removed,
+                 memory_rows=compact.R if compact.limit is not None else 0)
+    return compact, stats

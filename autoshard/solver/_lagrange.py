@@ -28,8 +28,8 @@ import time
 
 import numpy as np
 
-from autoshard._compact import _offsets, entry_index
-from autoshard._space import Space
+from autoshard.solver._compact import _offsets, entry_index
+from autoshard.solver._space import Space
 
 __all__ = ["Dual"]
 
@@ -48,7 +48,7 @@ def _colour_edges(n: int, eu: np.ndarray, ev: np.ndarray) -> np.ndarray:
 
 
 class Dual:
-    """Messages, prices and the bound of a :class:`~autoshard._space.Space` problem."""
+    """Messages, prices and the bound of a :class:`~autoshard.solver._space.Space` problem."""
 
     def __init__(self, sp: Space) -> None:
         self.sp = sp

@@ -26,8 +26,8 @@ import numpy as np
 import scipy.sparse as sp
 from ortools.linear_solver.python import model_builder_helper as mbh
 
-from autoshard._memory import MemoryRows
-from autoshard._presolve import Reduced
+from autoshard.solver._memory import MemoryRows
+from autoshard.solver._presolve import Reduced
 
 __all__ = ["Model", "LpResult", "build_model", "solve_model"]
 

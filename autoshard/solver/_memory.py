@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoshard._presolve import Flat
+from autoshard.solver._presolve import Flat
 
 __all__ = ["MemoryRows", "memory_rows"]
 

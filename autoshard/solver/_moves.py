@@ -18,11 +18,11 @@ import time
 
 import numpy as np
 
-from autoshard._cmodel import FAILED, lp_dive, solve_compact
-from autoshard._compact import objective, restrict
-from autoshard._neighbourhood import holding, sub_compact
-from autoshard._space import RangeMax, Space
-from autoshard._treedp import forest_dp, random_forest
+from autoshard.solver._cmodel import FAILED, lp_dive, solve_compact
+from autoshard.solver._compact import objective, restrict
+from autoshard.solver._neighbourhood import holding, sub_compact
+from autoshard.solver._space import RangeMax, Space
+from autoshard.solver._treedp import forest_dp, random_forest
 
 __all__ = ["State", "Prices", "node_moves", "pair_moves", "dp_move", "lns_move", "kernel_move",
            "costly_node", "top_strategies", "best_few", "merge"]

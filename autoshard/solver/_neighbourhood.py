@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoshard._compact import Compact, _offsets
-from autoshard._space import RangeMax, Space
+from autoshard.solver._compact import Compact, _offsets
+from autoshard.solver._space import RangeMax, Space
 
 __all__ = ["sub_compact", "ball", "window", "binding", "holding", "size_of"]
 

@@ -1,6 +1,6 @@
 """Independent anytime searches in worker processes (one per extra core).
 
-A :class:`Portfolio` starts ``python -m autoshard._portfolio`` once per seed, sends each
+A :class:`Portfolio` starts ``python -m autoshard.solver._portfolio`` once per seed, sends each
 the compact problem, its start plan and a time limit (pickled, on stdin) and reads back
 what the worker finds: a frame per improvement or bound, (objective, plan, bound). The
 caller's better plans go the other way (:meth:`Portfolio.share`, frames on the worker's
@@ -59,13 +59,13 @@ class Portfolio:
         self._best: tuple[float, np.ndarray | None, float] = (math.inf, None, -math.inf)
         self.errors: list[str] = []   # workers that failed (their last stderr line)
         self._stopping: set[int] = set()  # pids of the workers close() stopped
-        root = str(Path(__file__).resolve().parents[1])
+        root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in sys.path if p]))
         self._procs = []
         self._threads = []
         problem = pickle.dumps((cp, x0, deadline), protocol=pickle.HIGHEST_PROTOCOL)  # once for all
         for seed in seeds:
-            proc = subprocess.Popen([sys.executable, "-m", "autoshard._portfolio"], env=env,
+            proc = subprocess.Popen([sys.executable, "-m", "autoshard.solver._portfolio"], env=env,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE)
             _write(proc.stdin, (problem, seed))
@@ -123,10 +123,10 @@ class Portfolio:
 
 
 def _main() -> None:
-    from autoshard._anytime import anytime
+    from autoshard.solver._anytime import AnytimeSearch, AnytimeSettings
 
     problem, seed = _read(sys.stdin.buffer)
-    cp, x0, deadline = pickle.loads(problem)
+    compact, start, deadline = pickle.loads(problem)
     out = sys.stdout.buffer
     latest: list = [None]
 
@@ -136,9 +136,10 @@ def _main() -> None:
 
     threading.Thread(target=listen, daemon=True).start()
     # workers search; the caller's process keeps the dual (and its kernels) going
-    anytime(cp, x0, max(deadline - time.time(), 0.0), seed=seed, bound_share=0.05,
-            hot_rate=math.inf, report=lambda obj, x, bound: _write(out, (obj, x, bound)),
-            inbox=lambda: latest[0])
+    settings = AnytimeSettings(bound_share=0.05, hot_rate=math.inf)
+    AnytimeSearch(compact, start, max(deadline - time.time(), 0.0), settings=settings, seed=seed,
+                  report=lambda obj, x, bound: _write(out, (obj, x, bound)),
+                  inbox=lambda: latest[0]).run()
     out.flush()
     os._exit(0)  # the stdin listener may still be blocked in a read
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoshard.problem import Problem
+from autoshard.solver.problem import Problem
 
 __all__ = ["InvalidProblemError", "Flat", "Reduced", "flatten", "reduce"]
 

@@ -4,21 +4,21 @@ The model is the marginal-form ILP of ``design/AUTOSHARD.md`` (binary ``s[v,p]``
 continuous edge variables ``e[u,v,p,q]`` tied to ``s`` by ``sum_q e = s_u[p]`` and
 ``sum_p e = s_v[q]``, one memory row per maximal set of live nodes).
 
-1. Presolve (:mod:`autoshard._presolve`): inf choices removed, single-strategy nodes and
+1. Presolve (:mod:`autoshard.solver._presolve`): inf choices removed, single-strategy nodes and
    separable edges folded into costs, parallel edges merged.
-2. Compact problem (:mod:`autoshard._anytime`): nodes tied by bijection edges contracted
-   (:mod:`autoshard._contract`), dominated strategies removed (:mod:`autoshard._dominance`).
+2. Compact problem (:mod:`autoshard.solver._anytime`): nodes tied by bijection edges contracted
+   (:mod:`autoshard.solver._contract`), dominated strategies removed (:mod:`autoshard.solver._dominance`).
    IOPDDL P: 48,480 free nodes -> 197.
-3. A start plan: memory-aware greedy construction (:mod:`autoshard._construct`) and a
+3. A start plan: memory-aware greedy construction (:mod:`autoshard.solver._construct`) and a
    short search.
 4. Small compact models (at most ``lp_max_edge_vars`` edge entries): LP relaxation, then
-   the MIP with memory rows generated lazily (:mod:`autoshard._cmodel`); a proof of
+   the MIP with memory rows generated lazily (:mod:`autoshard.solver._cmodel`); a proof of
    optimality or a bound on timeout. Larger ones: the anytime search
-   (:mod:`autoshard._search`: node and pair moves, forest DP, LNS with exact sub-MIPs,
-   restarts) interleaved with the Lagrangian bound (:mod:`autoshard._lagrange`), whose
+   (:mod:`autoshard.solver._search`: node and pair moves, forest DP, LNS with exact sub-MIPs,
+   restarts) interleaved with the Lagrangian bound (:mod:`autoshard.solver._lagrange`), whose
    reduced-cost fixing can shrink the problem enough for the exact MIP.
 
-Every returned plan is re-evaluated on the original problem (:func:`autoshard.evaluate.evaluate`).
+Every returned plan is re-evaluated on the original problem (:func:`autoshard.solver.evaluate.evaluate`).
 """
 from __future__ import annotations
 
@@ -32,17 +32,19 @@ from typing import Sequence
 
 import numpy as np
 
-from autoshard._anytime import anytime, compact_presolve
-from autoshard._cmodel import build_compact_model, solve_compact
-from autoshard._compact import Compact, Infeasible, objective, plan_of, x_of
-from autoshard._construct import start_plan
-from autoshard._lp import LpResult, Model, build_model, solve_model
-from autoshard._memory import memory_rows
-from autoshard._presolve import Flat, InvalidProblemError, Reduced, flatten, reduce
-from autoshard._search import search
-from autoshard._space import Space
-from autoshard.evaluate import check_strategies, evaluate, memory_profile
-from autoshard.problem import Problem
+from autoshard.solver._anytime import anytime
+from autoshard.solver._dominance import compact_presolve
+from autoshard.solver._cmodel import build_compact_model, solve_compact
+from autoshard.solver._compact import Compact, Infeasible, plan_of, x_of
+from autoshard.solver._construct import start_plan
+from autoshard.solver._lp import LpResult, solve_model
+from autoshard.solver._memory_budget import MemoryBudgetError, memory_error
+from autoshard.solver._memory import memory_rows
+from autoshard.solver._presolve import Flat, InvalidProblemError, flatten, reduce
+from autoshard.solver._search import search
+from autoshard.solver._space import Space
+from autoshard.solver.evaluate import check_strategies, evaluate
+from autoshard.solver.problem import Problem
 
 __all__ = ["SolveStatus", "Solution", "MemoryBudgetError", "InvalidProblemError", "SolverError",
            "SolverTimeoutWarning", "solve_problem"]
@@ -74,15 +76,6 @@ class SolverTimeoutWarning(UserWarning):
     """The time limit stopped the solver before it proved optimality."""
 
 
-class MemoryBudgetError(ValueError):
-    """The memory limit is below the smallest peak memory any finite-cost plan needs."""
-
-    def __init__(self, message: str, limit: float, min_peak: float, proven: bool,
-                 top_nodes: list[tuple[int, str, float]]) -> None:
-        super().__init__(message)
-        self.limit, self.min_peak, self.proven, self.top_nodes = limit, min_peak, proven, top_nodes
-
-
 @dataclass(frozen=True, slots=True)
 class Solution:
     """A solve's result. ``objective`` is re-evaluated exactly from ``strategies``."""
@@ -112,60 +105,11 @@ class _Log:
                 self(f"  | {part}")
 
 
-def _plan_from_x(red: Reduced, model: Model, x: np.ndarray) -> np.ndarray:
-    f = red.flat
-    plan = red.fixed.copy()
-    xs, nodes = x[:model.num_s], f.node_of[model.sg]
-    order = np.lexsort((-xs, nodes))
-    head = np.ones(order.size, bool)
-    head[1:] = nodes[order][1:] != nodes[order][:-1]
-    pick = model.sg[order[head]]
-    plan[f.node_of[pick]] = pick - f.off[f.node_of[pick]]
-    return plan
-
-
-def _peak_report(problem: Problem, plan: np.ndarray) -> tuple[float, int, list[tuple[int, str, float]]]:
-    prof = memory_profile(problem, plan)
-    t = int(np.argmax(prof)) if prof.size else 0
-    live = [(v, float(problem.node_memory[v][plan[v]])) for v, (a, b) in enumerate(problem.intervals)
-            if a <= t < b]
-    live.sort(key=lambda x: -x[1])
-    names = problem.node_names
-    top = [(v, names[v] if v < len(names) else f"node{v}", m) for v, m in live[:5]]
-    return (float(prof.max()) if prof.size else 0.0), t, top
-
-
-def _memory_error(problem: Problem, flat: Flat, budget: float, log: _Log) -> MemoryBudgetError | None:
-    """Min-peak ILP without the limit; None if no finite-cost plan exists at all."""
-    red0 = reduce(flat, use_memory_limit=False)
-    if red0.empty_nodes.size:
-        return None
-    mem0 = memory_rows(flat, red0.allowed, None)
-    model = build_model(red0, mem0, peak=True)
-    log(f"memory limit infeasible; min-peak ILP ({model.lb.size} vars), {budget:.1f}s")
-    res = solve_model(model, "scip", budget, integer=True)
-    if res.x is None and res.status == "INFEASIBLE":
-        return None
-    lim = float(problem.memory_limit)
-    if res.x is None:
-        lb = max(res.bound, mem0.peak_lower_bound)
-        msg = (f"memory_limit {lim:.6g} is infeasible: every finite-cost plan needs at least "
-               f"{lb:.6g} (lower bound; the min-peak solve found no plan in {budget:.1f}s)")
-        return MemoryBudgetError(msg, lim, lb, False, [])
-    peak, t, top = _peak_report(problem, _plan_from_x(red0, model, res.x))
-    proven = res.status == "OPTIMAL"
-    who = ", ".join(f"{name} (#{v}) {m:.4g}" for v, name, m in top)
-    msg = (f"memory_limit {lim:.6g} is below the minimum peak memory of any plan: "
-           f"{peak:.6g}{'' if proven else f' (best found; lower bound {res.bound:.6g})'}; "
-           f"at time {t} it is dominated by {who}")
-    return MemoryBudgetError(msg, lim, peak, proven, top)
-
-
 def _infeasible(problem: Problem, flat: Flat, budget: float, t0: float, phase: str, stats: dict,
                 log: _Log) -> Solution:
     """Raise MemoryBudgetError if memory is the reason, else an INFEASIBLE Solution."""
     if problem.memory_limit is not None:
-        err = _memory_error(problem, flat, budget, log)
+        err = memory_error(problem, flat, budget, log)
         if err is not None:
             raise err
     log("infeasible: no plan with finite cost exists")
@@ -173,7 +117,7 @@ def _infeasible(problem: Problem, flat: Flat, budget: float, t0: float, phase: s
 
 
 def _finish(problem: Problem, plan, status: SolveStatus, bound: float, t0: float, phase: str,
-            stats: dict, log: _Log) -> Solution:
+            stats: dict, log: _Log, stacklevel: int = 3) -> Solution:
     if plan is None:
         sol = Solution(status, None, math.inf, bound, math.inf, time.perf_counter() - t0, math.inf,
                        phase, stats)
@@ -190,7 +134,7 @@ def _finish(problem: Problem, plan, status: SolveStatus, bound: float, t0: float
     if status in (SolveStatus.FEASIBLE, SolveStatus.TIMEOUT_NO_SOLUTION):
         warnings.warn(f"{problem.name!r}: time limit reached, {status.value}: objective "
                       f"{sol.objective:.10g}, bound {sol.bound:.10g}, gap {sol.gap:.3%}",
-                      SolverTimeoutWarning, stacklevel=3)
+                      SolverTimeoutWarning, stacklevel=stacklevel)
     return sol
 
 
@@ -290,82 +234,120 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
     _check_choice("memory_form", memory_form, ("auto", "direct", "incremental"))
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
-    t0 = time.perf_counter()
-    log = _Log(verbose, t0)
-    left = lambda: time_limit - (time.perf_counter() - t0)  # noqa: E731
+    run = _Run(problem, time_limit, _Log(verbose, time.perf_counter()))
     ws = None if warm_start is None else check_strategies(problem, warm_start)
-    flat = flatten(problem)
-    red = reduce(flat, dedup=False)  # the compact presolve's dominance removes duplicates
-    stats = dict(red.stats)
-    infeasible = lambda ph: _infeasible(problem, flat, max(left(), 1.0), t0, ph, stats, log)  # noqa: E731
-    if red.empty_nodes.size:
-        log(f"nodes {red.empty_nodes[:10].tolist()} have no allowed strategy")
-        return infeasible("presolve")
-    mem = None if problem.memory_limit is None else memory_rows(flat, red.allowed, problem.memory_limit)
-    if mem is not None and mem.peak_lower_bound > problem.memory_limit * (1 + 1e-12):
-        return infeasible("presolve")
-    try:
-        cp, cstats = compact_presolve(red, mem, problem.memory_limit)
-    except Infeasible:
-        return infeasible("presolve")
-    stats.update(cstats)
-    log(f"{problem.name}: presolve {stats}")
-    inc = _Incumbent(problem, log, t0)
+    cp = run.presolve()
+    if isinstance(cp, Solution):
+        return cp
     if ws is not None:
-        inc.offer("warm_start", ws)
+        run.inc.offer("warm_start", ws)
     if cp.n == 0:  # everything fixed by presolve
-        return _finish(problem, plan_of(cp, np.zeros(0, np.int64)), SolveStatus.OPTIMAL, -math.inf,
-                       t0, "presolve", stats, log)
+        return run.finish(plan_of(cp, np.zeros(0, np.int64)), SolveStatus.OPTIMAL, -math.inf, "presolve")
     sp = Space(cp)
     x0 = start_plan(cp, sp) if heuristic else None
     if x0 is not None:
-        inc.offer("construct", plan_of(cp, x0))
-    elif inc.plan is not None:
-        x0 = x_of(cp, inc.plan)  # None if the warm start uses a removed strategy
-    bound, proven, big = -math.inf, False, int(np.isfinite(cp.W).sum()) > lp_max_edge_vars
-    if big and x0 is not None:
-        log(f"big model ({stats['compact_entries']} edge entries > lp_max_edge_vars="
-            f"{lp_max_edge_vars}): anytime search")
-        t_any = time.perf_counter() - t0
+        run.inc.offer("construct", plan_of(cp, x0))
+    elif run.inc.plan is not None:
+        x0 = x_of(cp, run.inc.plan)  # None if the warm start uses a removed strategy
+    if int(np.isfinite(cp.W).sum()) > lp_max_edge_vars and x0 is not None:
+        run.log(f"big model ({run.stats['compact_entries']} edge entries > lp_max_edge_vars="
+                f"{lp_max_edge_vars}): anytime search")
+        bound, proven = run.anytime(cp, x0, seed, progress_every, workers)
+    else:
+        if x0 is not None and heuristic:
+            budget = min(0.1 * run.left(), 5.0) if heuristic_time is None else min(heuristic_time, run.left())
+            x0 = search(cp, x0, max(budget, 0.0), seed=seed, sp=sp).x
+            run.inc.offer("search", plan_of(cp, x0))
+        exact = run.exact(cp, sp, x0, lp_first=lp_first, lp_solver=lp_solver, mip_solver=mip_solver,
+                          rel_gap=rel_gap, memory_form=memory_form, seed=seed)
+        if isinstance(exact, Solution):
+            return exact
+        bound, proven = exact
+    run.stats["trace"] = run.inc.trace
+    if run.inc.plan is None:
+        return run.finish(None, SolveStatus.TIMEOUT_NO_SOLUTION, bound, "mip")
+    status = SolveStatus.OPTIMAL if proven or run.inc.cost <= bound else SolveStatus.FEASIBLE
+    return run.finish(run.inc.plan, status, bound, run.inc.phase)
+
+
+class _Run:
+    """One solve's shared state: the problem, the clock, the log, stats and incumbent."""
+
+    def __init__(self, problem: Problem, time_limit: float, log: _Log) -> None:
+        self.problem, self.time_limit, self.log, self.t0 = problem, time_limit, log, log.t0
+        self.inc = _Incumbent(problem, log, self.t0)
+        self.stats: dict = {}
+        self.flat: Flat | None = None
+
+    def left(self) -> float:
+        return self.time_limit - (time.perf_counter() - self.t0)
+
+    def finish(self, plan, status: SolveStatus, bound: float, phase: str) -> Solution:  # noqa: ANN001
+        return _finish(self.problem, plan, status, bound, self.t0, phase, self.stats, self.log, 4)
+
+    def infeasible(self, phase: str) -> Solution:
+        return _infeasible(self.problem, self.flat, max(self.left(), 1.0), self.t0, phase, self.stats,
+                           self.log)
+
+    def presolve(self) -> Compact | Solution:
+        """Presolve and compact the problem; a Solution when that already decides it."""
+        problem = self.problem
+        self.flat = flatten(problem)
+        red = reduce(self.flat, dedup=False)  # the compact presolve's dominance removes duplicates
+        self.stats.update(red.stats)
+        if red.empty_nodes.size:
+            self.log(f"nodes {red.empty_nodes[:10].tolist()} have no allowed strategy")
+            return self.infeasible("presolve")
+        limit = problem.memory_limit
+        mem = None if limit is None else memory_rows(self.flat, red.allowed, limit)
+        if mem is not None and mem.peak_lower_bound > limit * (1 + 1e-12):
+            return self.infeasible("presolve")
+        try:
+            cp, cstats = compact_presolve(red, mem, limit)
+        except Infeasible:
+            return self.infeasible("presolve")
+        self.stats.update(cstats)
+        self.log(f"{problem.name}: presolve {self.stats}")
+        return cp
+
+    def anytime(self, cp: Compact, x0: np.ndarray, seed: int, every: float,
+                workers: int) -> tuple[float, bool]:
+        """The anytime search on a big model; returns (bound, proven)."""
+        t_any = time.perf_counter() - self.t0
         # the plan's expansion and check, and the workers' exit, come after: IOPDDL M,
         # 0.8 s past a 177.8 s limit without this margin
-        res = anytime(cp, x0, max(left() - min(0.01 * time_limit, 2.0), 0.0), seed=seed,
-                      log=log, every=progress_every, workers=workers)
+        limit = max(self.left() - min(0.01 * self.time_limit, 2.0), 0.0)
+        res = anytime(cp, x0, limit, seed=seed, log=self.log, every=every, workers=workers)
+        inc = self.inc
         for t, o in res.trace[:-1]:  # the search's history; its last entry is the plan itself
             if o < inc.cost and (not inc.trace or o < inc.trace[-1][1]):
                 inc.trace.append((t_any + t, o))
         inc.offer("search", plan_of(cp, res.x), t_any + res.trace[-1][0])
-        bound, proven = res.bound, res.optimal
-        stats.update(search=res.stats["search"], dual_sweeps=res.stats["dual_sweeps"])
-        stats["bound_trace"] = [(t_any + t, b) for t, b in res.bound_trace]
-    else:
-        if x0 is not None and heuristic:
-            budget = min(0.1 * left(), 5.0) if heuristic_time is None else min(heuristic_time, left())
-            res = search(cp, x0, max(budget, 0.0), seed=seed, sp=sp)
-            x0 = res.x
-            inc.offer("search", plan_of(cp, x0))
-        if lp_first and left() > 0.1:
-            kind, x, lpb = _lp_first(cp, x0, lp_solver, max(0.3 * left(), 0.5), log)
+        self.stats.update(search=res.stats["search"], dual_sweeps=res.stats["dual_sweeps"])
+        self.stats["bound_trace"] = [(t_any + t, b) for t, b in res.bound_trace]
+        return res.bound, res.optimal
+
+    def exact(self, cp: Compact, sp: Space, x0: np.ndarray | None, *, lp_first: bool, lp_solver: str,
+              mip_solver: str, rel_gap: float, memory_form: str, seed: int) -> tuple[float, bool] | Solution:
+        """LP relaxation (if asked) and the compact MIP; returns (bound, proven)."""
+        bound, log = -math.inf, self.log
+        if lp_first and self.left() > 0.1:
+            kind, x, lpb = _lp_first(cp, x0, lp_solver, max(0.3 * self.left(), 0.5), log)
             if kind == "infeasible":
-                return infeasible("lp")
+                return self.infeasible("lp")
             bound = max(bound, lpb)
             if kind == "integral" and (sp.limit is None or (sp.usage(x) <= sp.limit).all()):
-                inc.offer("lp", plan_of(cp, x))
-                if inc.phase == "lp":
-                    return _finish(problem, inc.plan, SolveStatus.OPTIMAL, lpb, t0, "lp", stats, log)
-        log(f"MIP ({mip_solver}) with {left():.1f}s left")
-        r = solve_compact(cp, max(left(), 0.1), x0, rel_gap=rel_gap, seed=seed, solver=mip_solver,
+                self.inc.offer("lp", plan_of(cp, x))
+                if self.inc.phase == "lp":
+                    return self.finish(self.inc.plan, SolveStatus.OPTIMAL, lpb, "lp")
+        log(f"MIP ({mip_solver}) with {self.left():.1f}s left")
+        r = solve_compact(cp, max(self.left(), 0.1), x0, rel_gap=rel_gap, seed=seed, solver=mip_solver,
                           form=memory_form)
         log(f"MIP: objective {r.objective:.10g} bound {r.bound:.10g} optimal {r.optimal} "
             f"in {r.seconds:.1f}s ({r.solves} solves, {r.rows.size} memory rows)")
-        if r.bound == math.inf and inc.plan is None:
-            return infeasible("mip")
+        if r.bound == math.inf and self.inc.plan is None:
+            return self.infeasible("mip")
         bound = max(bound, r.bound if r.bound != math.inf else -math.inf)
         if r.x is not None:
-            inc.offer("mip", plan_of(cp, r.x))
-        proven = r.optimal and inc.cost <= r.objective + 1e-9 * max(abs(r.objective), 1.0)
-    stats["trace"] = inc.trace
-    if inc.plan is None:
-        return _finish(problem, None, SolveStatus.TIMEOUT_NO_SOLUTION, bound, t0, "mip", stats, log)
-    status = SolveStatus.OPTIMAL if proven or inc.cost <= bound else SolveStatus.FEASIBLE
-    return _finish(problem, inc.plan, status, bound, t0, inc.phase, stats, log)
+            self.inc.offer("mip", plan_of(cp, r.x))
+        return bound, r.optimal and self.inc.cost <= r.objective + 1e-9 * max(abs(r.objective), 1.0)

@@ -1,4 +1,4 @@
-"""Search-side view of a :class:`~autoshard._compact.Compact`: incidence, adjacency, memory.
+"""Search-side view of a :class:`~autoshard.solver._compact.Compact`: incidence, adjacency, memory.
 
 ``Space`` precomputes, once per problem, what the local moves need in flat arrays:
 - one *incidence entry* per (edge, side, strategy of that side), so the score of every
@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from autoshard._compact import Compact, _offsets, entry_index
+from autoshard.solver._compact import Compact, _offsets, entry_index
 
 __all__ = ["Space", "RangeMax"]
 

@@ -1,7 +1,7 @@
 """Exhaustive search over every plan: the test oracle for :mod:`autoshard.solver`.
 
 Independent of the solver's presolve and model: it enumerates the Cartesian product of
-strategies and scores each plan with :func:`autoshard.evaluate.evaluate`'s rules,
+strategies and scores each plan with :func:`autoshard.solver.evaluate.evaluate`'s rules,
 vectorized over plans with numpy. Only for tiny problems (``max_plans``).
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from autoshard.problem import Problem
+from autoshard.solver.problem import Problem
 
 __all__ = ["brute_force"]
 

@@ -5,7 +5,7 @@ plus, for every edge (u, v), ``edge_costs[k][s_u, s_v]``; node ``v`` holds
 ``node_memory[v][s_v]`` at every integer time ``t`` with ``start <= t < end`` (the
 interval is half-open, so ``start >= end`` is never live); the plan is infeasible when
 the total at some time exceeds ``memory_limit`` (strictly greater). An ``inf`` chosen
-cost (the contest writes 1e18, see :func:`autoshard.iopddl.read_iopddl`) is infeasible too.
+cost (the contest writes 1e18, see :func:`autoshard.solver.iopddl.read_iopddl`) is infeasible too.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from autoshard.problem import Problem
+from autoshard.solver.problem import Problem
 
 __all__ = ["evaluate", "memory_profile", "check_strategies"]
 

@@ -9,24 +9,28 @@ integer edge endpoints naming nodes) and the decompressed JSON is capped
 (``max_bytes``, 1 GiB by default), so a bad or hostile file is an
 :class:`IopddlFormatError`, never a wrong problem or an exhausted memory.
 
-Command line (``python -m autoshard.iopddl`` is kept as an alias)::
+Command line (``python -m autoshard iopddl`` is the same command)::
 
-    python -m autoshard iopddl asplos-2025-iopddl-B.json.gz --time-limit 60
+    python -m autoshard.solver.iopddl asplos-2025-iopddl-B.json.gz --time-limit 60
 """
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from autoshard.problem import Problem
+from autoshard.solver.problem import Problem
 
-__all__ = ["read_iopddl", "IopddlFormatError", "MAX_BYTES", "main"]
+__all__ = ["read_iopddl", "IopddlFormatError", "MAX_BYTES", "add_arguments", "run", "main"]
+
+PROG = "python -m autoshard iopddl"
 
 CONTEST_INF = 1e18
 MAX_BYTES = 1 << 30  # default cap on the decompressed JSON
@@ -191,11 +195,55 @@ def _edge_matrices(path: Path, flats: list[np.ndarray], ends: list[list[int]], k
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m autoshard iopddl``: read an instance, solve it, print objective, bound, gap."""
-    from autoshard.__main__ import main as cli
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of the IOPDDL command (also ``python -m autoshard iopddl``)."""
+    from mesh._cli import positive_float, positive_int, readable_file
 
-    return cli(["iopddl", *(sys.argv[1:] if argv is None else argv)])
+    d = " (default: %(default)s)"
+    p.add_argument("file", type=readable_file, help="the instance, .json or .json.gz")
+    p.add_argument("--time-limit", type=positive_float, default=60.0, metavar="SECONDS",
+                   help="solver wall-clock limit, a number > 0" + d)
+    p.add_argument("--solver", default="scip", choices=["scip", "highs", "cp_sat"], help="MIP backend" + d)
+    p.add_argument("--max-gib", type=positive_float, default=MAX_BYTES / 2**30, metavar="GIB",
+                   help="refuse files whose decompressed JSON is larger, a number > 0" + d)
+    p.add_argument("--workers", type=positive_int, default=1,
+                   help="search processes for big instances, one per core helps, >= 1" + d)
+    p.add_argument("--quiet", action="store_true", help="no progress output (default: off)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read, solve and print objective, bound, gap, time and status; returns the exit code."""
+    from mesh._cli import fail
+
+    from autoshard.solver._solve import solve_problem
+    from autoshard.solver.evaluate import evaluate
+
+    t0 = time.perf_counter()
+    try:
+        problem = read_iopddl(args.file, max_bytes=int(args.max_gib * 2**30))
+    except IopddlFormatError as err:
+        fail(PROG, str(err), usage_hint=False)
+    print(f"read {problem.name}: {problem.num_nodes} nodes, {len(problem.edges)} edges "
+          f"in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
+    sol = solve_problem(problem, time_limit=args.time_limit, verbose=not args.quiet,
+                        mip_solver=args.solver, workers=args.workers)
+    cost = feasible = None
+    if sol.strategies is not None:
+        cost, feasible, _ = evaluate(problem, sol.strategies)
+    print(f"instance:  {problem.name}\nstatus:    {sol.status.value}\nobjective: {sol.objective:.10g}"
+          f"\nbound:     {sol.bound:.10g}\ngap:       {sol.gap:.3%}\ntime:      {sol.solve_time:.2f} s"
+          f"\nevaluated: {cost} (feasible={feasible})")
+    return 0 if sol.strategies is not None else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m autoshard.solver.iopddl``: read an instance, solve it, print objective, bound, gap."""
+    from mesh._cli import OneLineParser
+
+    p = OneLineParser(prog=PROG, description="Read an IOPDDL instance, solve it and print objective, "
+                                             "bound, gap, time and status.")
+    add_arguments(p)
+    return run(p.parse_args(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

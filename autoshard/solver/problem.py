@@ -5,7 +5,7 @@ Every decision node picks one strategy; picking costs ``node_costs[v][p]`` and h
 edge (u, v) adds ``edge_costs[k][p, q]``. At every time step the memory of the live
 nodes must stay within ``memory_limit`` (``None``: unlimited). ``inf`` costs forbid.
 The graph builder (:mod:`autoshard.graph` + strategies) and the IOPDDL reader
-(:mod:`autoshard.iopddl`) both produce this; :func:`autoshard.solver.solve_problem`
+(:mod:`autoshard.solver.iopddl`) both produce this; :func:`autoshard.solver.solve_problem`
 consumes it.
 """
 from __future__ import annotations
