@@ -36,6 +36,8 @@ from typing import Any
 
 _READY_WAIT = 60.0  # seconds for the helper to import jaxlib and bind the service's port
 _PRESENCE: list[socket.socket] = []  # this process's presence connections, open until it ends
+# NOTE: neither the working directory nor this file's folder on sys.path (xla_dtensor/random.py is not the stdlib's)
+_BOOT = "import sys; del sys.path[0]; import runpy; runpy.run_path(sys.argv[1], run_name='__main__')"
 
 
 class ServiceStartError(RuntimeError):
@@ -66,8 +68,8 @@ def start(bind_address: str, num_processes: int, *, heartbeat_timeout: int, shut
     spec = {"bind": bind_address, "n": num_processes, "heartbeat": heartbeat_timeout,
             "shutdown": shutdown_timeout, "init": init_timeout}
     # NOTE: a session of its own, so that a signal to process 0's process group leaves the job's service up
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), json.dumps(spec)], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, start_new_session=True, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", _BOOT, os.path.abspath(__file__), json.dumps(spec)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True, text=True)
     line = _first_line(proc, _READY_WAIT)
     if not line.startswith("ready "):
         if proc.poll() is None:
@@ -140,4 +142,4 @@ def main(spec: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    main(json.loads(sys.argv[1]))
+    main(json.loads(sys.argv[-1]))
