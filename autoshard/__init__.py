@@ -1,5 +1,8 @@
 """autoshard: an Alpa-style ILP auto-sharder over a mesh topology, with explained plans.
 
+The solver (:mod:`autoshard.solver`) is torch-free; the rest (tracing, strategies,
+plans) loads on first use of its names, so ``import autoshard.solver`` pulls in no torch.
+
 Example:
     >>> from autoshard import solve, trace_training_step  # doctest: +SKIP
     >>> plan = solve(trace_training_step(model, batch), mesh, "tpu-v5e")  # doctest: +SKIP
@@ -7,37 +10,41 @@ Example:
 """
 from __future__ import annotations
 
+import importlib
+
 import mesh as _mesh  # noqa: F401  (virtual CPU devices before JAX starts)
 
-from autoshard.api import clear_cache, solve
-from autoshard.baselines import BASELINES, run_baselines
-from autoshard.build import Model, PinError, RuleFailedWarning, UnknownOpWarning, build_model
-from autoshard.evaluate import evaluate
-from autoshard.fold import fold_ties
-from autoshard.fx_builder import graph_from_fx, trace_training_step
-from autoshard.graph import Graph, Node, TensorMeta
-from autoshard.models import GPT2, GPT2Config
-from autoshard.plan import Decision, Plan
-from autoshard.problem import Problem
-from autoshard.solver import MemoryBudgetError, Solution, SolveStatus, solve_problem
-from autoshard.spec import Spec, parse_spec, partition_spec, spec_str
-from autoshard.strategies import DimRule, Strategy, register, registered_ops
+# public name -> the module that defines it, imported on first access
+_HOME = {
+    "clear_cache": "autoshard.api", "solve": "autoshard.api",
+    "BASELINES": "autoshard.baselines", "run_baselines": "autoshard.baselines",
+    "Model": "autoshard.build", "PinError": "autoshard.build", "RuleFailedWarning": "autoshard.build",
+    "UnknownOpWarning": "autoshard.build", "build_model": "autoshard.build",
+    "fold_ties": "autoshard.fold",
+    "graph_from_fx": "autoshard.fx_builder", "trace_training_step": "autoshard.fx_builder",
+    "Graph": "autoshard.graph", "Node": "autoshard.graph", "TensorMeta": "autoshard.graph",
+    "GPT2": "autoshard.models", "GPT2Config": "autoshard.models",
+    "Decision": "autoshard.plan", "Plan": "autoshard.plan",
+    "MemoryBudgetError": "autoshard.solver", "Problem": "autoshard.solver", "Solution": "autoshard.solver",
+    "SolveStatus": "autoshard.solver", "evaluate": "autoshard.solver", "solve_problem": "autoshard.solver",
+    "read_iopddl": "autoshard.solver",
+    "Spec": "autoshard.spec", "parse_spec": "autoshard.spec", "partition_spec": "autoshard.spec",
+    "spec_str": "autoshard.spec",
+    "DimRule": "autoshard.strategies", "Strategy": "autoshard.strategies", "register": "autoshard.strategies",
+    "registered_ops": "autoshard.strategies",
+}
 
 
 def __getattr__(name: str) -> object:
-    # read_iopddl loads on first use: importing autoshard.iopddl here would make
-    # ``python -m autoshard.iopddl`` warn that the module was imported before it ran.
-    if name == "read_iopddl":
-        from autoshard.iopddl import read_iopddl
-        return read_iopddl
-    raise AttributeError(f"module 'autoshard' has no attribute {name!r}")
+    if name not in _HOME:
+        raise AttributeError(f"module 'autoshard' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value
 
 
-__all__ = [
-    "BASELINES", "Decision", "DimRule", "GPT2", "GPT2Config", "Graph", "MemoryBudgetError", "Model",
-    "Node", "PinError", "Plan", "Problem", "RuleFailedWarning", "Solution", "SolveStatus", "Spec", "Strategy",
-    "TensorMeta",
-    "UnknownOpWarning", "build_model", "clear_cache", "evaluate", "fold_ties", "graph_from_fx",
-    "parse_spec", "partition_spec", "read_iopddl", "register", "registered_ops", "run_baselines",
-    "solve", "solve_problem", "spec_str", "trace_training_step",
-]
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
+
+
+__all__ = sorted(_HOME)

@@ -59,21 +59,11 @@ def _add_plan(sub) -> None:  # noqa: ANN001
 
 
 def _add_iopddl(sub) -> None:  # noqa: ANN001
-    from autoshard.iopddl import MAX_BYTES
+    from autoshard.solver.iopddl import add_arguments
 
-    p = sub.add_parser("iopddl", help="solve an IOPDDL contest instance (.json or .json.gz)",
-                       description="Read an IOPDDL instance, solve it and print objective, bound, gap, "
-                                   "time and status.")
-    d = " (default: %(default)s)"
-    p.add_argument("file", type=_cli.readable_file, help="the instance, .json or .json.gz")
-    p.add_argument("--time-limit", type=positive_float, default=60.0, metavar="SECONDS",
-                   help="solver wall-clock limit, a number > 0" + d)
-    p.add_argument("--solver", default="scip", choices=["scip", "highs", "cp_sat"], help="MIP backend" + d)
-    p.add_argument("--max-gib", type=positive_float, default=MAX_BYTES / 2**30, metavar="GIB",
-                   help="refuse files whose decompressed JSON is larger, a number > 0" + d)
-    p.add_argument("--workers", type=positive_int, default=1,
-                   help="search processes for big instances, one per core helps, >= 1" + d)
-    p.add_argument("--quiet", action="store_true", help="no progress output (default: off)")
+    add_arguments(sub.add_parser("iopddl", help="solve an IOPDDL contest instance (.json or .json.gz)",
+                                 description="Read an IOPDDL instance, solve it and print objective, "
+                                             "bound, gap, time and status."))
 
 
 def parser() -> OneLineParser:
@@ -184,33 +174,14 @@ def _plan(a) -> int:  # noqa: ANN001
     return 0
 
 
-def _iopddl(a) -> int:  # noqa: ANN001
-    from autoshard.evaluate import evaluate
-    from autoshard.iopddl import IopddlFormatError, read_iopddl
-    from autoshard.solver import solve_problem
-
-    t0 = time.perf_counter()
-    try:
-        problem = read_iopddl(a.file, max_bytes=int(a.max_gib * 2**30))
-    except IopddlFormatError as err:
-        _cli.fail(f"{PROG} iopddl", str(err), usage_hint=False)
-    print(f"read {problem.name}: {problem.num_nodes} nodes, {len(problem.edges)} edges "
-          f"in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
-    sol = solve_problem(problem, time_limit=a.time_limit, verbose=not a.quiet, mip_solver=a.solver,
-                        workers=a.workers)
-    cost = feasible = None
-    if sol.strategies is not None:
-        cost, feasible, _ = evaluate(problem, sol.strategies)
-    print(f"instance:  {problem.name}\nstatus:    {sol.status.value}\nobjective: {sol.objective:.10g}"
-          f"\nbound:     {sol.bound:.10g}\ngap:       {sol.gap:.3%}\ntime:      {sol.solve_time:.2f} s"
-          f"\nevaluated: {cost} (feasible={feasible})")
-    return 0 if sol.strategies is not None else 1
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m autoshard``; returns the exit code."""
     args = parser().parse_args(argv)
-    return _plan(args) if args.cmd == "plan" else _iopddl(args)
+    if args.cmd == "plan":
+        return _plan(args)
+    from autoshard.solver.iopddl import run
+
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from mesh import Mesh, Topology, topology_for
 from autoshard.baselines import Baseline, run_baselines
 from autoshard.build import Model, build_model
 from autoshard.cache import PlanCacheWarning, open_cache, plan_key, plan_mismatch
-from autoshard.evaluate import evaluate
+from autoshard.solver.evaluate import evaluate
 from autoshard.fold import Folded, fold_ties
 from autoshard.graph import Graph
 from autoshard.guard import replicated_strategies, report as guard_report

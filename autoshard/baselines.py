@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from autoshard.build import Model
-from autoshard.evaluate import evaluate
+from autoshard.solver.evaluate import evaluate
 from autoshard.fold import Folded
 from autoshard.solver import solve_problem
 from autoshard.spec import Spec

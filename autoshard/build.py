@@ -31,7 +31,7 @@ from mesh import Topology
 
 from autoshard.cost import combined_collectives, compute_cost, memory_bytes, reshard_cost
 from autoshard.graph import Graph, Node
-from autoshard.problem import Problem
+from autoshard.solver.problem import Problem
 from autoshard.spec import Spec, spec_str
 from autoshard.strategies import DimRule, Strategy, enumerate_strategies, follow_strategies
 from autoshard.strategies.base import check_rule

@@ -10,7 +10,7 @@ Without a memory limit no carriers are made.
 
 Example:
     >>> import numpy as np
-    >>> from autoshard.problem import Problem
+    >>> from autoshard.solver.problem import Problem
     >>> p = Problem("p", [np.array([1.0, 2.0]), np.array([3.0, 0.0])], [np.zeros(2)] * 2,
     ...             [(0, 1), (1, 2)], [(0, 1)], [np.array([[0.0, 9.0], [9.0, 0.5]])], None)
     >>> f = fold_ties(p, [[0, 1]])
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoshard.problem import Problem
+from autoshard.solver.problem import Problem
 
 
 @dataclass

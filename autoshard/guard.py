@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from autoshard.evaluate import evaluate
+from autoshard.solver.evaluate import evaluate
 from autoshard.spec import spec_str
 
 TOP = 5

@@ -49,11 +49,11 @@ from mesh import Mesh, Topology
 from autoshard.baselines import Baseline, baseline_axes, BASELINES, complete, pinned_specs
 from autoshard.build import Model, build_model
 from autoshard.cluster import Layers, Reduced, find_layers, reduce_graph
-from autoshard.evaluate import evaluate
+from autoshard.solver.evaluate import evaluate
 from autoshard.fold import Folded, fold_ties
 from autoshard.graph import Graph
 from autoshard.plan import Plan
-from autoshard.problem import Problem
+from autoshard.solver.problem import Problem
 from autoshard.solver import MemoryBudgetError, solve_problem
 from autoshard.tying import UnionFind
 

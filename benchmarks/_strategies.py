@@ -30,7 +30,7 @@ from typing import Any
 
 from autoshard.baselines import BASELINES, baseline_axes, complete
 from autoshard.build import Model, build_model
-from autoshard.evaluate import evaluate
+from autoshard.solver.evaluate import evaluate
 from autoshard.fold import fold_ties
 from autoshard.graph import Graph
 from autoshard.spec import Spec, partition_spec

@@ -27,7 +27,7 @@ import warnings
 from pathlib import Path
 
 from autoshard.build import build_model
-from autoshard.evaluate import evaluate
+from autoshard.solver.evaluate import evaluate
 from autoshard.fold import fold_ties
 from autoshard.solver import SolverTimeoutWarning, solve_problem
 from benchmarks.autoshard_solve import trace_gpt2

@@ -45,7 +45,7 @@ from scipy.optimize import nnls
 
 from autoshard.api import axis_kinds
 from autoshard.build import build_model
-from autoshard.evaluate import evaluate
+from autoshard.solver.evaluate import evaluate
 from benchmarks._cases import MODELS, virtual_meshes
 from benchmarks._strategies import MANUAL, completed, manual_specs
 from benchmarks.auto_vs_manual import _trace

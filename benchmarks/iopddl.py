@@ -31,8 +31,8 @@ from pathlib import Path
 _REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_REPO))
 
-from autoshard.evaluate import evaluate  # noqa: E402
-from autoshard.iopddl import read_iopddl  # noqa: E402
+from autoshard.solver.evaluate import evaluate  # noqa: E402
+from autoshard.solver.iopddl import read_iopddl  # noqa: E402
 from autoshard.solver import solve_problem  # noqa: E402
 from mesh._cli import positive_int  # noqa: E402
 
@@ -97,7 +97,7 @@ def _table(rows: list[dict]) -> str:
         "\nTimes include reading the file (the contest limit covers it). Published best: "
         "lowest cost per instance in the contest's final results table (organizers' results "
         "of all teams and XLA; iopddl_final_results.csv, github.com/ti2-group/iopddl_experiments)."
-        " Checked: the plan re-evaluated by autoshard.evaluate (the reference evaluator's "
+        " Checked: the plan re-evaluated by autoshard.solver.evaluate (the reference evaluator's "
         "rules) is feasible and costs the reported objective.\n")
 
 

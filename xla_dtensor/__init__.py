@@ -26,6 +26,8 @@ from xla_dtensor.spmd import (  # noqa: E402
 from xla_dtensor import _torch_hook  # noqa: E402
 from xla_dtensor.checkpoint import hooks as _dcp_hooks  # noqa: E402,F401  (DCP's tensor methods on LazyTensor)
 from xla_dtensor import runtime  # noqa: E402  (fast paths and debuggability)
+from xla_dtensor import dynamo_route as _dynamo_route  # noqa: E402
+from xla_dtensor.ops import predicates as _predicates  # noqa: E402
 from xla_dtensor.debug import analysis as _analysis  # noqa: E402
 from xla_dtensor.debug.hlo import get_hlo, get_stablehlo  # noqa: E402
 from xla_dtensor.debug.metrics_report import metrics_report, short_metrics_report  # noqa: E402
@@ -34,6 +36,8 @@ from xla_dtensor.jit import compile  # noqa: E402,A004
 
 _torch_hook.install()   # torch's DTensor API routes "xla" meshes to xla_dtensor.spmd
 _analysis.install()     # XLA_DTENSOR_DEBUG execution analysis and timings
+_predicates.install()    # torch.equal / torch.allclose answer a Python bool
+_dynamo_route.install()  # torch.compile's default backend hands graphs on jax tensors to ours
 
 __version__ = "0.1.0"
 

@@ -13,12 +13,13 @@ The backend is registered under the name ``xla_dtensor`` by the package's
 ``torch_dynamo_backends`` entry point; in a source checkout, importing this module
 registers it.
 
-Where the inputs are ``jax`` tensors the outputs are ``jax`` tensors. Where they are
+Where the inputs are ``jax`` tensors (parameters included, sharded or not) the outputs
+are ``jax`` tensors, laid out as XLA propagates the inputs' shardings. Where they are
 CPU tensors (a CPU model), the graph still runs as one XLA program on the JAX devices
-and the outputs are copied back to CPU. NOTE: dynamo cannot yet trace a model whose
-parameters are on the ``jax`` device: it fakifies tensors of a traceable wrapper
-subclass through ``__tensor_flatten__``, and the lazy tensor has no inner tensors to
-fakify (a core change, tracked in docs/fastpaths.md).
+and the outputs are copied back to CPU. Dynamo fakifies a ``jax`` tensor as a fake
+tensor on the ``jax`` device (``LazyTensor.__tensor_unflatten__`` under a fake mode).
+torch's default backend (inductor) has no code generator for the ``jax`` device: a
+graph with ``jax`` tensor inputs is compiled here instead (see :mod:`xla_dtensor.dynamo_route`).
 
 Example:
     >>> import torch, xla_dtensor, xla_dtensor.dynamo_backend
@@ -69,8 +70,12 @@ def _check_ops(gm: torch.fx.GraphModule) -> list:
 
 
 def _meta(v: Any) -> tuple | None:
+    """``(shape, dtype, stride)`` of an output's fake value; ``None`` entries where symbolic
+    (a dynamic-shape graph: the array's own shape is used then)."""
     if isinstance(v, torch.Tensor):
-        return (tuple(v.shape), v.dtype, tuple(v.stride()))
+        shape, stride = tuple(v.shape), tuple(v.stride())
+        concrete = all(type(s) is int for s in (*shape, *stride))
+        return (shape, v.dtype, stride) if concrete else (None, v.dtype, None)
     return None
 
 
@@ -130,6 +135,8 @@ def lower_fx(gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., li
     metrics._COUNTS["dynamo_graphs"] += 1
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     out_metas = [_meta(a.meta.get("val")) if isinstance(a, torch.fx.Node) else None for a in out_node.args[0]]
+    sizes = [isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), (int, torch.SymInt))
+             for a in out_node.args[0]]  # a dynamic-shape graph also returns sizes: Python ints
     n_keys = len(random_nodes)
     jitted = jax.jit(lambda keys, *xs: _interpret(gm, keys, *xs))
     compiled: dict[tuple, Any] = {}
@@ -148,7 +155,10 @@ def lower_fx(gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., li
         if not any(isinstance(a, LazyTensor) for a in args):  # CPU inputs: CPU results (see module doc)
             return [_to_cpu(o, m) for o, m in zip(outs, out_metas)]
         res = []
-        for o, m in zip(outs, out_metas):
+        for o, m, size in zip(outs, out_metas, sizes):
+            if size:
+                res.append(int(np.asarray(o)))
+                continue
             if m is None or o is None:
                 res.append(o if m is None and not hasattr(o, "shape") else
                            (None if o is None else _wrap(o, (tuple(o.shape), _dtype(o), None))))
@@ -177,6 +187,7 @@ def _dtype(arr: Any) -> torch.dtype:
 
 def _wrap(arr: Any, meta: tuple) -> LazyTensor:
     shape, dtype, stride = meta
+    shape = tuple(arr.shape) if shape is None else shape
     if stride is None or len(stride) != len(shape):
         acc, st = 1, []
         for s in reversed(shape):
@@ -194,7 +205,61 @@ def xla_dtensor_backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs
     decomps = {op: fn for op, fn in core_aten_decompositions().items() if get_lowering(op) is None}
     boxed = lambda gm_, inputs: make_boxed_func(lower_fx(gm_, inputs))  # noqa: E731
     return aot_autograd(fw_compiler=boxed, bw_compiler=boxed, decompositions=decomps)(
-        gm, example_inputs, **kwargs)
+        gm, fake_inputs(example_inputs), **kwargs)
+
+
+class _Tangent(LazyTensor):
+    """A ``jax`` tensor that torch does not take for a traceable wrapper subclass.
+
+    NOTE: AOTAutograd traced our tensors as plain (fake) tensors, so at run time it
+    accepts a gradient only if ``is_traceable_wrapper_subclass`` is false for it; the
+    two properties below make ``hasattr(t, "__tensor_flatten__")`` false. It shares the
+    tensor's storage and is only ever read by the compiled backward.
+    """
+
+    @property
+    def __tensor_flatten__(self) -> Any:  # type: ignore[override]
+        raise AttributeError("__tensor_flatten__")
+
+    @property
+    def __tensor_unflatten__(self) -> Any:  # type: ignore[override]
+        raise AttributeError("__tensor_unflatten__")
+
+
+def plain_tangent(t: LazyTensor, expected_type: Any) -> Any:
+    """``t`` as a gradient AOTAutograd accepts where it expects a plain tensor, else ``None``."""
+    if expected_type not in (None, torch.Tensor):
+        return None
+    from xla_dtensor.core.tensor import value_of
+    t = t.contiguous()  # NOTE: AOTAutograd would make it contiguous itself, giving back a traceable one
+    out = torch.Tensor._make_wrapper_subclass(_Tangent, t.shape, strides=t.stride(), dtype=t.dtype, device=t.device)
+    out._storage, out._chain, out._meta = t._storage, t._chain, t._meta
+    if t._chain:
+        out._vcache, out._seen = value_of(t), t._seen
+    return out
+
+
+def fake_inputs(example_inputs: list) -> list:
+    """Dynamo's example inputs with each ``jax`` tensor replaced by its fake tensor.
+
+    NOTE: dynamo hands backends the real inputs and AOTAutograd fakifies them again, but
+    it takes a wrapper subclass with no inner tensors (ours) for an already-fake one.
+    The fake comes from the same fake mode and symbolic context dynamo used.
+    """
+    from torch._guards import TracingContext, detect_fake_mode
+    if not any(isinstance(x, LazyTensor) for x in example_inputs):
+        return example_inputs
+    fake_mode, ctx = detect_fake_mode(), TracingContext.try_get()
+    if fake_mode is None:
+        return example_inputs
+    out = []
+    for x in example_inputs:
+        if isinstance(x, LazyTensor):
+            sym = ctx.tensor_to_context.get(x) if ctx is not None else None
+            x = fake_mode.from_tensor(x, symbolic_context=sym, source=getattr(sym, "tensor_source", None),
+                                      trace=False)
+        out.append(x)
+    return out
 
 
 def _register() -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 
+from xla_dtensor import coordination_service
 from xla_dtensor.core import peer_errors
 from xla_dtensor.core.peer_errors import PeerFailureError
 from xla_dtensor.spmd.runtime import (
@@ -46,7 +47,8 @@ DEFAULT_PEER_TIMEOUT = 30.0  # seconds without a heartbeat before a peer counts 
 DEFAULT_INIT_TIMEOUT = 60.0  # seconds for every process to join
 _COLLECTIVE_GRACE = 15.0  # a blocked CPU collective gives up this much after the heartbeat timeout
 _EXIT_KEY = "xla_dtensor/exited/"
-_STATE: dict[str, Any] = {"stop": threading.Event(), "watchdog": None, "main": None}
+_PRESENCE_KEY = "xla_dtensor/service_presence"  # the helper's presence port (coordination_service)
+_STATE: dict[str, Any] = {"stop": threading.Event(), "watchdog": None, "main": None, "hosted": False}
 _ABANDONED: list[Any] = []  # a join given up on: JAX's client and service, still connecting
 
 
@@ -71,7 +73,8 @@ def _add_xla_flag(flag: str, value: Any) -> None:
 def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
                            process_id: int | None = None, *, local_device_ids: Any = None,
                            cpu_collectives: str | None = "gloo", peer_timeout: float | None = None,
-                           init_timeout: float | None = None, **kwargs: Any) -> None:
+                           init_timeout: float | None = None, service_process: bool | None = None,
+                           **kwargs: Any) -> None:
     """Join a multi-process job (``jax.distributed.initialize``); call before any JAX work.
 
     A process whose peer dies gets a :class:`PeerFailureError` naming it about
@@ -80,9 +83,11 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
     ``init_timeout`` seconds. A main thread blocked in a CPU collective with the lost
     process gets it when the collective gives up (``peer_timeout + 15`` s, XLA's
     ``--xla_cpu_collective_timeout_seconds``). JAX's recoverable mode is switched on
-    so that the job's coordination service does not abort the survivors, and at exit
-    the processes wait for each other (as JAX's own shutdown does). A dead process 0
-    (it hosts that service) still aborts the others in C++ (docs/spmd.md).
+    so that the job's coordination service does not abort the survivors. The service
+    runs in a helper process that process 0 starts (:mod:`xla_dtensor.coordination_service`),
+    so a dead process 0 is a ``PeerFailureError`` too; with ``service_process=False`` it
+    runs inside process 0 as in JAX, whose death then aborts the others in C++, and at
+    exit process 0 waits for the others to leave (docs/spmd.md).
 
     On CPU devices the cross-process collectives need an implementation: ``"gloo"``
     (default) sets ``jax_cpu_collectives_implementation``. Arguments default to the
@@ -92,9 +97,13 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
     Args:
         peer_timeout: seconds (default ``$XLA_DTENSOR_PEER_TIMEOUT`` or 30).
         init_timeout: seconds for all processes to join (default ``$XLA_DTENSOR_INIT_TIMEOUT`` or 60).
+        service_process: host the coordination service in a helper process (default
+            ``$XLA_DTENSOR_SERVICE_PROCESS`` or on; needs the coordinator address, the
+            process count and index, given or from the environment variables above).
 
     Raises:
         PeerFailureError: not every process joined within ``init_timeout``.
+        coordination_service.ServiceStartError: the helper could not start the service.
         ValueError: a timeout that is not a positive number.
 
     Example:
@@ -112,19 +121,36 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
         jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
         _add_xla_flag("xla_cpu_collective_timeout_seconds", math.ceil(peer_t + _COLLECTIVE_GRACE))
     jax.config.update("jax_enable_recoverability", True)
-    _join(coordinator_address, num_processes, process_id, local_device_ids, peer_t, init_t, kwargs)
+    if service_process is None:
+        service_process = env.get("XLA_DTENSOR_SERVICE_PROCESS", "1").strip().lower() not in ("0", "false", "no", "")
+    hosted = bool(service_process) and None not in (coordinator_address, process_id) and (num_processes or 0) > 1
+    _join(coordinator_address, num_processes, process_id, local_device_ids, peer_t, init_t, kwargs, hosted)
     _log.info("joined process %d of %d: %d local / %d global devices", jax.process_index(),
               jax.process_count(), jax.local_device_count(), jax.device_count())
     _start_watchdog(peer_t)
 
 
 def _join(address: str | None, n: int | None, me: int | None, local_ids: Any, peer_t: float, init_t: float,
-          kwargs: dict[str, Any]) -> None:
-    """``jax.distributed.initialize`` in a helper thread, given up on after ``init_t`` seconds."""
+          kwargs: dict[str, Any], hosted: bool) -> None:
+    """``jax.distributed.initialize`` in a helper thread, given up on after ``init_t`` seconds.
+
+    ``hosted``: process 0 starts the service in a helper process first and JAX takes
+    that (its ``_jax.get_distributed_runtime_service`` returns the handle during the call).
+    """
     from jax._src import distributed
     outcome: dict[str, BaseException] = {}
+    jaxlib, handle = distributed._jax, None
+    if hosted and me == 0:
+        bind = kwargs.get("coordinator_bind_address") or _bind_address(address)
+        handle = coordination_service.start(bind, n, heartbeat_timeout=math.ceil(peer_t),
+                                            shutdown_timeout=kwargs.get("shutdown_timeout_seconds", 300),
+                                            init_timeout=init_t)
+        coordination_service.attend(("127.0.0.1", handle.presence_port), 0)
+        jaxlib = _ServiceElsewhere(distributed._jax, handle)
+    _STATE["hosted"] = hosted
 
     def run() -> None:
+        real, distributed._jax = distributed._jax, jaxlib
         try:
             # NOTE: JAX's own deadline is far later: when it passes, JAX aborts the process in C++
             jax.distributed.initialize(coordinator_address=address, num_processes=n, process_id=me,
@@ -132,6 +158,8 @@ def _join(address: str | None, n: int | None, me: int | None, local_ids: Any, pe
                                        initialization_timeout=math.ceil(init_t) + 3600, **kwargs)
         except BaseException as err:  # re-raised in the calling thread
             outcome["error"] = err
+        finally:
+            distributed._jax = real
 
     worker = threading.Thread(target=run, name="xla_dtensor-join", daemon=True)
     worker.start()
@@ -144,6 +172,33 @@ def _join(address: str | None, n: int | None, me: int | None, local_ids: Any, pe
         _ABANDONED.extend([state.client, state.service])
         state.client = state.service = None
         raise PeerFailureError(_not_joined(address, n, me, init_t), _absent(n, me))
+    if handle is not None:  # the others learn where the helper's presence port is
+        distributed.global_state.client.key_value_set(_PRESENCE_KEY, str(handle.presence_port))
+    elif hosted:
+        try:
+            port = int(distributed.global_state.client.blocking_key_value_get(_PRESENCE_KEY, int(init_t * 1000)))
+            coordination_service.attend((address.rpartition(":")[0].strip("[]"), port), me)
+        except Exception as err:  # process 0 died right after the join
+            raise PeerFailureError(f"process 0 did not publish its coordination service within {init_t:g} s "
+                                   f"after the join ({err}); this is process {me} of {n}", (0,)) from err
+
+
+class _ServiceElsewhere:
+    """jaxlib's ``_jax`` module for ``jax.distributed.initialize``, except that the service already runs."""
+
+    def __init__(self, real: Any, handle: coordination_service.ServiceHandle) -> None:
+        self._real, self._handle = real, handle
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def get_distributed_runtime_service(self, *args: Any, **kwargs: Any) -> coordination_service.ServiceHandle:
+        return self._handle
+
+
+def _bind_address(address: str) -> str:
+    """The service's bind address as JAX chooses it: ``$JAX_COORDINATOR_BIND_ADDRESS`` or every interface."""
+    return os.environ.get("JAX_COORDINATOR_BIND_ADDRESS") or "[::]:" + address.rsplit(":", 1)[1]
 
 
 def _absent(n: int | None, me: int | None) -> tuple[int, ...]:
@@ -233,7 +288,7 @@ def _at_exit(client: Any, n: int, me: int, peer_t: float) -> None:
         _async_raise(_STATE["main"], None)  # NOTE: a verdict that came too late must not break JAX's shutdown
     try:
         client.key_value_set(f"{_EXIT_KEY}{me}", "1", allow_overwrite=True)
-        if me != 0:
+        if me != 0 or _STATE["hosted"]:  # NOTE: a hosted service stays up until every process has ended
             return
         deadline = time.monotonic() + max(300.0, 4 * peer_t)
         while time.monotonic() < deadline and len(client.get_live_nodes(list(range(n)))) > 1:

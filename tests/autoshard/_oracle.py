@@ -1,9 +1,9 @@
 """Random problems shaped like XLA's (follower nodes tied by permutation edges) and an exact
 oracle that shares no code with the compact pipeline (contraction, dominance, search).
 
-The oracle is the marginal-form MIP of :mod:`autoshard._lp` on the plain presolve
-(:func:`autoshard._presolve.reduce`), solved by SCIP to optimality; for tiny problems
-:func:`autoshard.brute.brute_force` is used instead.
+The oracle is the marginal-form MIP of :mod:`autoshard.solver._lp` on the plain presolve
+(:func:`autoshard.solver._presolve.reduce`), solved by SCIP to optimality; for tiny problems
+:func:`autoshard.solver.brute.brute_force` is used instead.
 """
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import math
 
 import numpy as np
 
-from autoshard._lp import build_model, solve_model
-from autoshard._memory import memory_rows
-from autoshard._presolve import flatten, reduce
-from autoshard.brute import brute_force
-from autoshard.problem import Problem
+from autoshard.solver._lp import build_model, solve_model
+from autoshard.solver._memory import memory_rows
+from autoshard.solver._presolve import flatten, reduce
+from autoshard.solver.brute import brute_force
+from autoshard.solver.problem import Problem
 
 
 def tied_problem(seed: int, n: int = 12, memory: str = "tight") -> Problem:
@@ -64,7 +64,7 @@ def tied_problem(seed: int, n: int = 12, memory: str = "tight") -> Problem:
 
 
 def _peak(p: Problem, plan: list[int]) -> float:
-    from autoshard.evaluate import memory_profile
+    from autoshard.solver.evaluate import memory_profile
     prof = memory_profile(p, plan)
     return float(prof.max()) if prof.size else 0.0
 

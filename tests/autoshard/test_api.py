@@ -9,7 +9,7 @@ import pytest
 from mesh import Mesh, topology_for
 
 from autoshard.api import clear_cache, solve
-from autoshard.brute import brute_force
+from autoshard.solver.brute import brute_force
 from autoshard.build import UnknownOpWarning, build_model
 from autoshard.fold import fold_ties
 from autoshard.graph import Graph, TensorMeta

@@ -141,7 +141,7 @@ def _deep_graph() -> object:
 
 
 def test_remat_frees_each_checkpointed_layers_saved_activations() -> None:
-    from autoshard.evaluate import evaluate
+    from autoshard.solver.evaluate import evaluate
     from autoshard.layered import prepare
 
     m = Mesh(range(1), (1,), ("d",), validate=False)
@@ -163,7 +163,7 @@ def test_remat_frees_each_checkpointed_layers_saved_activations() -> None:
 
 
 def test_remat_chosen_exactly_when_memory_forces_it() -> None:
-    from autoshard.evaluate import evaluate
+    from autoshard.solver.evaluate import evaluate
     from autoshard.layered import prepare, solve_layered
 
     g = _deep_graph()

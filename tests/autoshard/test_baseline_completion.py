@@ -1,6 +1,6 @@
 """A baseline's free layouts are completed optimally: checked against brute force.
 
-Oracle: :func:`autoshard.brute.brute_force` on the same problem with the pinned nodes
+Oracle: :func:`autoshard.solver.brute.brute_force` on the same problem with the pinned nodes
 restricted to their pinned strategy (enumeration, no solver).
 """
 from __future__ import annotations
@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 
 from autoshard.baselines import complete
-from autoshard.brute import brute_force
-from autoshard.evaluate import evaluate
+from autoshard.solver.brute import brute_force
+from autoshard.solver.evaluate import evaluate
 from autoshard.fold import fold_ties
-from autoshard.problem import Problem
+from autoshard.solver.problem import Problem
 
 
 def _random_problem(rng: np.random.Generator, n: int = 6, k: int = 3, limit: float | None = None) -> Problem:

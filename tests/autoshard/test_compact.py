@@ -1,5 +1,5 @@
 """The compact problem (contraction, dominance, sub-problems) and the Lagrangian bound,
-against the evaluator and exact oracles (brute force / the plain MIP of autoshard._lp)."""
+against the evaluator and exact oracles (brute force / the plain MIP of autoshard.solver._lp)."""
 from __future__ import annotations
 
 import math
@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 
 from _oracle import exact_optimum, tied_problem
-from autoshard._anytime import compact_presolve
-from autoshard._compact import from_reduced, objective, plan_of, usage, x_of
-from autoshard._contract import bijection_edges, contract
-from autoshard._lagrange import Dual
-from autoshard._memory import memory_rows
-from autoshard._neighbourhood import sub_compact
-from autoshard._presolve import flatten, reduce
-from autoshard._space import RangeMax, Space
-from autoshard.brute import brute_force
-from autoshard.evaluate import evaluate, memory_profile
+from autoshard.solver._dominance import compact_presolve
+from autoshard.solver._compact import from_reduced, objective, plan_of, usage, x_of
+from autoshard.solver._contract import bijection_edges, contract
+from autoshard.solver._lagrange import Dual
+from autoshard.solver._memory import memory_rows
+from autoshard.solver._neighbourhood import sub_compact
+from autoshard.solver._presolve import flatten, reduce
+from autoshard.solver._space import RangeMax, Space
+from autoshard.solver.brute import brute_force
+from autoshard.solver.evaluate import evaluate, memory_profile
 
 
 def _compact(p, contract_it=True):
@@ -69,12 +69,12 @@ def test_compact_presolve_keeps_the_optimum(seed: int) -> None:
 def test_contraction_forbids_inconsistent_cycles() -> None:
     # three nodes tied in a cycle whose permutations compose to a swap: only strategies
     # fixed by the swap survive (none for k=2: infeasible)
-    from autoshard.problem import Problem
+    from autoshard.solver.problem import Problem
     inf = math.inf
     eye, swap = np.array([[0, inf], [inf, 0]]), np.array([[inf, 0], [0, inf]])
     p = Problem("cyc", [np.zeros(2)] * 3, [np.zeros(2)] * 3, [(0, 1)] * 3, [(0, 1), (1, 2), (0, 2)],
                 [eye, eye, swap], None)
-    from autoshard._compact import Infeasible
+    from autoshard.solver._compact import Infeasible
     with pytest.raises(Infeasible):
         _compact(p)
     p.edge_costs[2] = eye
@@ -154,8 +154,8 @@ def test_vectorized_sweep_equals_per_edge_updates(seed: int) -> None:
     """The sweep's gathered row and column values give the textbook update exactly,
     also with forbidden pairs (every row and column keeps a finite entry)."""
     from dataclasses import replace
-    from autoshard._compact import entry_index
-    from autoshard._lagrange import _colour_edges
+    from autoshard.solver._compact import entry_index
+    from autoshard.solver._lagrange import _colour_edges
     cp, _ = _compact(tied_problem(seed + 90, n=20), contract_it=False)
     rng = np.random.default_rng(seed)
     e, r, c = entry_index(cp.k, cp.off, cp.eu, cp.ev, cp.ebase)
@@ -183,8 +183,8 @@ def _optimal_plan(p, opt):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_lp_dive_returns_a_fitting_plan_between_optimum_and_start(seed: int) -> None:
-    from autoshard._cmodel import lp_dive
-    from autoshard._construct import start_plan
+    from autoshard.solver._cmodel import lp_dive
+    from autoshard.solver._construct import start_plan
     p = tied_problem(60 + seed, n=24)
     opt = exact_optimum(p)
     cp, _ = _compact(p)

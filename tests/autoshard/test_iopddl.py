@@ -1,4 +1,4 @@
-"""autoshard.iopddl reader/CLI and autoshard.evaluate against hand-computed numbers."""
+"""autoshard.solver.iopddl reader/CLI and autoshard.solver.evaluate against hand-computed numbers."""
 from __future__ import annotations
 
 import gzip
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from _iopddl_data import iopddl_file
-from autoshard.brute import brute_force
-from autoshard.evaluate import evaluate
-from autoshard.iopddl import IopddlFormatError, main, read_iopddl
-from autoshard.problem import Problem
+from autoshard.solver.brute import brute_force
+from autoshard.solver.evaluate import evaluate
+from autoshard.solver.iopddl import IopddlFormatError, main, read_iopddl
+from autoshard.solver.problem import Problem
 
 
 def test_reader_matches_json() -> None:

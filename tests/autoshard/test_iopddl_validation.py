@@ -10,7 +10,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from autoshard.iopddl import MAX_BYTES, IopddlFormatError, read_iopddl
+from autoshard.solver.iopddl import MAX_BYTES, IopddlFormatError, read_iopddl
 
 DOC = {"problem": {"name": "z", "nodes": {"intervals": [[0, 2], [1, 3]], "costs": [[1, 2], [2, 3]],
                                           "usages": [[1, 2], [3, 4]]},

@@ -1,7 +1,7 @@
-"""The anytime search (autoshard._search, _anytime, _treedp) against exact oracles.
+"""The anytime search (autoshard.solver._search, _anytime, _treedp) against exact oracles.
 
 Oracles (tests/autoshard/_oracle.py) share no code with the search: brute force for
-tiny problems, else the plain marginal MIP of autoshard._lp solved to optimality.
+tiny problems, else the plain marginal MIP of autoshard.solver._lp solved to optimality.
 """
 from __future__ import annotations
 
@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 
 from _oracle import exact_optimum, tied_problem
-from autoshard._anytime import compact_presolve
-from autoshard._compact import objective, usage
-from autoshard._construct import start_plan
-from autoshard._memory import memory_rows
-from autoshard._presolve import flatten, reduce
-from autoshard._moves import State, pair_moves
-from autoshard._search import search
-from autoshard._space import Space
-from autoshard._treedp import forest_dp, random_forest
-from autoshard.brute import brute_force
-from autoshard.evaluate import evaluate
-from autoshard.problem import Problem
+from autoshard.solver._dominance import compact_presolve
+from autoshard.solver._compact import objective, usage
+from autoshard.solver._construct import start_plan
+from autoshard.solver._memory import memory_rows
+from autoshard.solver._presolve import flatten, reduce
+from autoshard.solver._moves import State, pair_moves
+from autoshard.solver._search import search
+from autoshard.solver._space import Space
+from autoshard.solver._treedp import forest_dp, random_forest
+from autoshard.solver.brute import brute_force
+from autoshard.solver.evaluate import evaluate
+from autoshard.solver.problem import Problem
 from autoshard.solver import SolveStatus, SolverTimeoutWarning, solve_problem
 from test_solver import random_problem
 
@@ -119,7 +119,7 @@ def test_forest_dp_is_exact_on_trees(seed: int) -> None:
     best, _, _ = brute_force(p)
     f = flatten(p)
     red = reduce(f, dedup=False)
-    from autoshard._compact import from_reduced
+    from autoshard.solver._compact import from_reduced
     cp = from_reduced(red, None, None)  # no contraction: the tree stays a tree
     sp = Space(cp)
     forest = random_forest(sp, np.random.default_rng(seed), full=True)
@@ -149,7 +149,7 @@ def _anytime_case(problem_seed: int, n: int):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_binding_takes_every_node_with_a_term_on_the_full_rows(seed: int) -> None:
-    from autoshard._neighbourhood import binding, size_of
+    from autoshard.solver._neighbourhood import binding, size_of
     _, _, cp, x0 = _anytime_case(420 + seed, 24)
     sp = Space(cp)
     U = usage(cp, x0)
@@ -176,7 +176,7 @@ def test_binding_takes_every_node_with_a_term_on_the_full_rows(seed: int) -> Non
 
 
 def test_an_empty_neighbourhood_leaves_the_plan() -> None:
-    from autoshard._moves import lns_move
+    from autoshard.solver._moves import lns_move
     _, _, cp, x0 = _anytime_case(420, 24)
     st = State(Space(cp), x0)
     assert lns_move(st, np.zeros(0, np.int64), 2.0, 0)[0] is False
@@ -186,7 +186,7 @@ def test_an_empty_neighbourhood_leaves_the_plan() -> None:
 @pytest.mark.parametrize("seed", range(2))
 def test_restarted_runs_keep_the_best_plan_and_an_honest_gap(seed: int) -> None:
     # LNS of at most 12 variables never covers the problem; a fresh run every 0.3 s chunk
-    from autoshard._anytime import anytime
+    from autoshard.solver._anytime import anytime
     p, opt, cp, x0 = _anytime_case(400 + seed, 26)
     res = anytime(cp, x0, 4.0, seed=seed, restart_after=0.0, chunk=0.3, max_budget=12,
                   exact_entries=0)
@@ -216,7 +216,7 @@ def test_a_stalled_run_ends_within_its_chunk() -> None:
     # chunks of 3 s but runs that stall after 0.2 s: each run ends as soon as it stalls,
     # so a 5 s solve makes more runs than it has chunks (each run ended with its chunk
     # before: 2 runs at most)
-    from autoshard._anytime import anytime
+    from autoshard.solver._anytime import anytime
     p, opt, cp, x0 = _anytime_case(400, 26)
     res = anytime(cp, x0, 5.0, seed=0, restart_after=0.2, chunk=3.0, max_budget=12,
                   exact_entries=0)
@@ -231,7 +231,7 @@ def test_a_stalled_run_ends_within_its_chunk() -> None:
 def test_a_run_near_the_bound_is_not_restarted() -> None:
     # the same stalling runs as above: with every plan counted as near the bound
     # (near_gap 1.0) the first run goes on to the end, and the result is as honest
-    from autoshard._anytime import anytime
+    from autoshard.solver._anytime import anytime
     p, opt, cp, x0 = _anytime_case(400, 26)
     res = anytime(cp, x0, 2.0, seed=0, restart_after=0.0, chunk=0.3, max_budget=12,
                   exact_entries=0, near_gap=1.0)
@@ -242,7 +242,7 @@ def test_a_run_near_the_bound_is_not_restarted() -> None:
 
 
 def test_worker_processes_return_plans_that_fit_and_cost_what_they_say() -> None:
-    from autoshard._portfolio import Portfolio
+    from autoshard.solver._portfolio import Portfolio
     p = tied_problem(501, n=30, memory="tight")
     opt = exact_optimum(p)
     cp = _compact(p)
@@ -275,8 +275,8 @@ def test_solve_with_two_workers_is_checked_by_the_evaluator() -> None:
 def test_merge_is_the_best_plan_over_the_union_of_the_elite(seed: int) -> None:
     # oracle: every combination of the strategies the plans use, priced by the evaluator
     import itertools
-    from autoshard._compact import plan_of
-    from autoshard._moves import merge
+    from autoshard.solver._compact import plan_of
+    from autoshard.solver._moves import merge
     p = tied_problem(600 + seed, n=12, memory="tight")
     cp = _compact(p)
     sp = Space(cp)
@@ -306,8 +306,8 @@ def test_merge_is_the_best_plan_over_the_union_of_the_elite(seed: int) -> None:
 def test_kernel_on_the_dual_costs_keeps_plans_valid_and_the_gap_honest(seed: int) -> None:
     # hot_rate=0: every dual chunk counts as still rising, so a kernel follows each one
     # (seed 5: one of them improves the plan)
-    from autoshard._anytime import anytime
-    from autoshard._compact import plan_of
+    from autoshard.solver._anytime import anytime
+    from autoshard.solver._compact import plan_of
     p, opt, cp, x0 = _anytime_case(700 + seed, 40)
     res = anytime(cp, x0, 3.0, seed=seed, chunk=0.3, max_budget=12, exact_entries=0,
                   hot_rate=0.0)
@@ -323,8 +323,8 @@ def test_exact_kernel_is_the_best_plan_over_its_strategies(seed: int) -> None:
     # oracle: every combination of the kernel's strategies (each node's current one and
     # its best by score and by the given costs), priced by the evaluator
     import itertools
-    from autoshard._compact import plan_of
-    from autoshard._moves import best_few, kernel_move
+    from autoshard.solver._compact import plan_of
+    from autoshard.solver._moves import best_few, kernel_move
     p = tied_problem(640 + seed, n=12, memory="tight")
     cp = _compact(p)
     sp = Space(cp)
@@ -350,8 +350,8 @@ def test_exact_kernel_is_the_best_plan_over_its_strategies(seed: int) -> None:
 def test_near_the_bound_the_kernel_is_solved_by_the_mip() -> None:
     # every plan counts as near the bound (near_gap 1.0): the exact kernel runs at once
     # when deep_min allows it, and never in a run shorter than deep_min
-    from autoshard._anytime import anytime
-    from autoshard._compact import plan_of
+    from autoshard.solver._anytime import anytime
+    from autoshard.solver._compact import plan_of
     p, opt, cp, x0 = _anytime_case(430, 30)
     tol = 1e-9 * max(1.0, abs(opt))
     for deep_min, runs in ((0.5, True), (30.0, False)):
@@ -366,7 +366,7 @@ def test_near_the_bound_the_kernel_is_solved_by_the_mip() -> None:
 
 def test_workers_stopped_at_close_are_counted_apart_from_failures() -> None:
     # a 60 s search stopped at once: both workers are still running, neither failed
-    from autoshard._portfolio import Portfolio
+    from autoshard.solver._portfolio import Portfolio
     _, _, cp, x0 = _anytime_case(430, 20)
     pf = Portfolio(cp, x0, 60.0, seeds=[1, 2])
     pf.close(wait=0.0)

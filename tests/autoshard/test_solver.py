@@ -1,4 +1,4 @@
-"""autoshard.solver against the brute-force oracle (autoshard.brute) and hand-computed costs."""
+"""autoshard.solver against the brute-force oracle (autoshard.solver.brute) and hand-computed costs."""
 from __future__ import annotations
 
 import math
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from _iopddl_data import iopddl_file
-from autoshard.brute import brute_force
-from autoshard.evaluate import evaluate
-from autoshard.iopddl import read_iopddl
-from autoshard.problem import Problem
+from autoshard.solver.brute import brute_force
+from autoshard.solver.evaluate import evaluate
+from autoshard.solver.iopddl import read_iopddl
+from autoshard.solver.problem import Problem
 from autoshard.solver import (InvalidProblemError, MemoryBudgetError, SolveStatus,
                               SolverTimeoutWarning, solve_problem)
 

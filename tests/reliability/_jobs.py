@@ -103,6 +103,9 @@ def peer(me: int, port: int, scenario: str, timeout: float) -> None:
     except PeerFailureError as err:
         print(f"RESULT PeerFailureError missing={list(err.missing)} at={time.time() - t0:.2f}s msg={err}", flush=True)
         sys.exit(3)
+    from jax._src import distributed
+    if me == 0 and hasattr(distributed.global_state.service, "pid"):  # XLA_DTENSOR_SERVICE_PROCESS=0: no helper
+        print(f"RESULT service helper pid={distributed.global_state.service.pid}", flush=True)
     from torch.distributed.tensor import Replicate, Shard
 
     import xla_dtensor

@@ -173,7 +173,7 @@ def test_bad_arguments_table(table):
 
 @pytest.mark.parametrize("argv, must", [
     (["-m", "autoshard", "plan", "--time-limit", "nan"], "'nan'"),
-    (["-m", "autoshard.iopddl", "absent.json"], "absent.json"),
+    (["-m", "autoshard.solver.iopddl", "absent.json"], "absent.json"),
     (["-m", "xla_dtensor.visualize", "{devices=[2,4]<=[8]}", "--shape", "0"], "'0'"),
 ])
 def test_real_process_exit_code_and_one_line(argv, must, tmp_path):
@@ -193,9 +193,9 @@ def _solve_example(argv: list[str], tmp_path: Path) -> subprocess.CompletedProce
                           capture_output=True, text=True, cwd=ROOT, env=_env(tmp_path), timeout=120)
 
 
-@pytest.mark.parametrize("argv", [["-m", "autoshard", "iopddl"], ["-m", "autoshard.iopddl"]])
+@pytest.mark.parametrize("argv", [["-m", "autoshard", "iopddl"], ["-m", "autoshard.solver.iopddl"]])
 def test_iopddl_command_starts_without_warnings(argv, tmp_path):
-    """Issue 24: ``python -m autoshard.iopddl`` printed a RuntimeWarning before anything else."""
+    """Issue 24: ``python -m autoshard.solver.iopddl`` printed a RuntimeWarning before anything else."""
     proc = _solve_example(argv, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "Warning" not in proc.stderr, proc.stderr

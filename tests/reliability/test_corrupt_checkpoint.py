@@ -111,3 +111,42 @@ def test_a_save_killed_between_its_two_renames_leaves_an_error_naming_the_copies
     monkeypatch.undo()
     with pytest.raises(checkpoint.CheckpointError, match=r"no checkpoint directory .* interrupted save left .*\.c\.old-"):
         checkpoint.load({"w": torch.zeros(16, 8)}, path)
+
+
+def _plain_dcp_load_of_a_damaged_last_item(saved, tmp_path, planner=None):
+    """Plain ``dcp.load`` (torch's FileSystemReader) into device targets; the data file's last item is cut."""
+    import torch.distributed.checkpoint as dcp
+    path = tmp_path / "cut"
+    shutil.copytree(saved, path)
+    os.truncate(path / "__0_0.distcp", (path / "__0_0.distcp").stat().st_size - 8)
+    tgt = _targets(on_device=True)
+    with pytest.raises(dcp.api.CheckpointException, match="central directory") as err:
+        dcp.load(tgt, checkpoint_id=str(path), planner=planner, no_dist=True)
+    return tgt, err.value
+
+
+@pytest.mark.parametrize("planner", ["default", "ours"])
+def test_plain_dcp_load_that_fails_leaves_device_targets_untouched(saved, tmp_path, planner):
+    """Issue 41, item 3: with torch's own reader the items before the damaged one read fine; before, their
+    tensors took the new values at once (all-or-nothing per tensor only). Now a load commits its device
+    targets together once every one is filled, so each target still holds -1; a good load then fills all."""
+    import torch.distributed.checkpoint as dcp
+    from xla_dtensor.checkpoint.planners import LoadPlanner
+    make = (lambda: None) if planner == "default" else LoadPlanner
+    tgt, err = _plain_dcp_load_of_a_damaged_last_item(saved, tmp_path, make())
+    for k in ("w", "u"):
+        assert torch.equal(tgt[k].cpu(), torch.full(_values()[k].shape, -1.0)), (k, tgt[k].cpu(), err)
+    dcp.load(tgt, checkpoint_id=str(saved), planner=make(), no_dist=True)  # the stale load does not block this one
+    v = _values()
+    assert torch.equal(tgt["w"].cpu(), v["w"]) and torch.equal(tgt["u"].cpu(), v["u"]) and tgt["meta"] == v["meta"]
+
+
+def test_plain_dcp_load_commits_a_tensor_held_under_two_keys(tmp_path):
+    """Tied weights: one device tensor planned twice (its staging buffer filled twice) still commits, and with
+    the others (the load's group waits for every session, so a double fill must count as full)."""
+    import torch.distributed.checkpoint as dcp
+    v = _values()
+    dcp.save({"a": v["w"], "b": v["w"], "u": v["u"]}, checkpoint_id=str(tmp_path / "tied"), no_dist=True)
+    tgt = _targets(on_device=True)
+    dcp.load({"a": tgt["w"], "b": tgt["w"], "u": tgt["u"]}, checkpoint_id=str(tmp_path / "tied"), no_dist=True)
+    assert torch.equal(tgt["w"].cpu(), v["w"]) and torch.equal(tgt["u"].cpu(), v["u"])

@@ -9,9 +9,13 @@ DCP asks a tensor three things (:func:`install` puts the three methods on ``Lazy
   opens a *load session*: one CPU staging buffer per shard;
 * ``__get_tensor_shard__``: on save, a CPU copy of one shard; on load, that shard's
   staging buffer. DCP narrows it and ``copy_``-s the checkpoint data into it; the buffer
-  counts the elements that arrive, and when every shard is full the device array is
-  built in the tensor's own layout (each device gets only its shard) and becomes the
-  tensor's value. A session that never fills leaves the tensor as it was; our
+  counts the elements that arrive. The sessions one load opens form a group (:class:`_Load`:
+  those opened by one planner's ``create_local_plan`` for one checkpoint's metadata); when
+  every session of the group is full, each tensor's device array is built in its own
+  layout (each device gets only its shard) and becomes its value, all in one go. So a
+  load that fails half way (a damaged item, even with torch's own ``FileSystemReader``)
+  leaves every device target of this process as it was; the staging buffers go at the
+  next load. A session that never fills leaves its tensor as it was; our
   :class:`~xla_dtensor.checkpoint.planners.LoadPlanner` refuses such a load up front.
 
 Example:
@@ -24,6 +28,7 @@ Example:
 """
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
@@ -31,7 +36,7 @@ import jax
 import numpy as np
 import torch
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
-from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner import LoadPlanner, TensorWriteData, WriteItem, WriteItemType
 
 from xla_dtensor.core.executor import materialize
 from xla_dtensor.core.ir import data_leaf
@@ -42,6 +47,7 @@ Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offsets, sizes) in the global 
 
 # NOTE: a session lives on its tensor (attribute ``_dcp_session``); this set only lists them
 _OPEN: weakref.WeakSet[_Session] = weakref.WeakSet()
+_PLANNING: list[_Load | None] = [None]  # the load whose planning opened the latest sessions
 
 
 def _array(t: LazyTensor) -> tuple[jax.Array, tuple[int, ...] | None]:
@@ -96,10 +102,64 @@ def write_items(fqn: str, t: LazyTensor) -> list[WriteItem]:
 
 def chunk_list(t: LazyTensor) -> list[ChunkStorageMetadata]:
     """DCP load planning: the shards this process fills; opens a load session on ``t``."""
-    session = _Session(t)
+    _end_session(t)  # NOTE: planned again (a new load): the old session must not hold its group back
+    session = _Session(t, _load_being_planned())
     t.__dict__["_dcp_session"] = session
     _OPEN.add(session)
     return [_chunk(box) for box in session.boxes]
+
+
+class _Load:
+    """The sessions one DCP load opened on this process: committed together once all are full.
+
+    ``planner``/``metadata``: weak references naming the load (None: a load of one tensor,
+    when no planner is found on the stack).
+    """
+
+    def __init__(self, planner: LoadPlanner | None = None) -> None:
+        self.planner = weakref.ref(planner) if planner is not None else None
+        meta = getattr(planner, "metadata", None)
+        self.metadata = weakref.ref(meta) if meta is not None else None
+        self.sessions: list[_Session] = []
+
+    def plans(self, planner: LoadPlanner) -> bool:
+        meta = getattr(planner, "metadata", None)
+        return (self.planner is not None and self.planner() is planner
+                and (self.metadata() if self.metadata is not None else None) is meta)
+
+    def session_full(self) -> None:
+        waiting = [s for s in self.sessions if not s.done]
+        if all(s.full() for s in waiting):
+            for s in waiting:
+                s._flush()
+
+    def abandon(self) -> None:
+        """A later load began: this one failed or stopped half way; its targets stay as they were."""
+        for s in self.sessions:
+            t = s.target()
+            if t is not None and t.__dict__.get("_dcp_session") is s:
+                _end_session(t)
+
+
+def _load_being_planned() -> _Load:
+    """The load whose ``LoadPlanner.create_local_plan`` is on the stack (a new one when it changed)."""
+    f, planner = sys._getframe(2), None
+    for _ in range(40):
+        if f is None:
+            break
+        if f.f_code.co_name == "create_local_plan" and isinstance(f.f_locals.get("self"), LoadPlanner):
+            planner = f.f_locals["self"]
+            break
+        f = f.f_back
+    if planner is None:
+        return _Load()
+    current = _PLANNING[0]
+    if current is not None and current.plans(planner):
+        return current
+    if current is not None:
+        current.abandon()
+    _PLANNING[0] = _Load(planner)
+    return _PLANNING[0]
 
 
 def tensor_shard(t: LazyTensor, index: MetadataIndex) -> torch.Tensor:
@@ -159,8 +219,10 @@ def _end_session(t: LazyTensor) -> None:
 class _Session:
     """A load in progress into one tensor: staging buffers per shard, filled by DCP."""
 
-    def __init__(self, t: LazyTensor) -> None:
+    def __init__(self, t: LazyTensor, load: _Load) -> None:
         self.target = weakref.ref(t)
+        self.load = load
+        load.sessions.append(self)
         if value_of(t).fn is not None:
             # NOTE: a pending value's layout is only final after a sync (an annotated one computed
             # alone comes back unconstrained); another tensor's DTensor query (DCP's planner asks
@@ -188,8 +250,11 @@ class _Session:
 
     def arrived(self, n: int) -> None:
         self.missing -= n
-        if self.missing == 0 and len(self.buffers) == len(self.boxes):
-            self._flush()
+        if self.full():
+            self.load.session_full()
+
+    def full(self) -> bool:
+        return self.missing <= 0 and len(self.buffers) == len(self.boxes)  # NOTE: < 0: a tied tensor, filled twice
 
     def filled(self) -> tuple[int, int]:
         """(elements filled, elements this process must fill)."""

@@ -85,13 +85,28 @@ class LazyTensor(torch.Tensor):
     # ``module.to(dev)`` swaps parameters in place (``torch.utils.swap_tensors``) instead
     # of replacing them: tied weights stay tied and optimizers keep their references.
     def __tensor_flatten__(self) -> tuple[list[str], Any]:
-        return [], (self._storage, self._chain, self._meta)
+        return [], _FlatCtx((self._storage, self._chain, self._meta))
 
     @staticmethod
     def __tensor_unflatten__(inner: dict, ctx: Any, outer_size: Any, outer_stride: Any) -> LazyTensor:
         storage, chain, meta = ctx
+        from torch._guards import detect_fake_mode
+        fake_mode = detect_fake_mode()
+        if fake_mode is not None:  # dynamo / AOTAutograd fakify: a FakeTensor on the jax device
+            with fake_mode:
+                return torch.empty_strided(outer_size, outer_stride, dtype=meta[1], device=_DEVICE)
         from xla_dtensor.core.tensor import new_view
         return new_view(meta, storage, chain, value_of_chain(storage, chain))
+
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata: Any, expected_type: Any = None) -> Any:
+        """AOTAutograd traced a ``jax`` tensor as a plain fake tensor; the gradient it gets is ours."""
+        from xla_dtensor.dynamo_backend import plain_tangent
+        return plain_tangent(self, expected_type)
+
+    @classmethod
+    def __metadata_guard__(cls, orig: Any, other: Any) -> bool:
+        """dynamo's guard on the flatten context: shape, dtype and stride (guarded anyway) decide."""
+        return orig[2] == other[2]
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         from xla_dtensor.core.executor import to_cpu
@@ -141,6 +156,14 @@ class LazyTensor(torch.Tensor):
     # NOTE: torch.distributed.checkpoint's tensor protocol (``__create_write_items__``,
     # ``__create_chunk_list__``, ``__get_tensor_shard__``) is installed on this class by
     # xla_dtensor.checkpoint.hooks, which ``import xla_dtensor`` loads.
+
+
+class _FlatCtx(tuple):
+    """``(storage, chain, meta)``: dynamo deep-copies a subclass's flatten context for its
+    guards; the storage is shared, never copied (it holds device arrays)."""
+
+    def __deepcopy__(self, memo: dict) -> _FlatCtx:
+        return self
 
 
 def _use_foreach_optimizers(cls: type) -> None:

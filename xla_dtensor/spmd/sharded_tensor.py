@@ -101,6 +101,15 @@ class XLAShardedTensor(LazyTensor, DTensor):
             return _AsSharded.apply(t)
         return _wrap_plain(t)
 
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        from torch._guards import TracingContext
+        if TracingContext.try_get() is not None:  # NOTE: dynamo takes every DTensor for torch's own
+            raise TypeError(
+                "torch.compile cannot take an XLAShardedTensor (a DTensor) as an input; pass its "
+                "global_tensor (the same data and layout, a plain jax tensor) or the tensor mark_sharding "
+                "annotated: the compiled program keeps the sharding")
+        return LazyTensor.__tensor_flatten__(self)
+
     # -- layout ---------------------------------------------------------------------
     @property
     def spec(self) -> ShardingSpec | None:

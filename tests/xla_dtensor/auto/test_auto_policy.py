@@ -303,7 +303,7 @@ def _mlp_graph():
 
 def test_pinned_solve_equals_brute_force_over_plans_keeping_the_pin():
     import numpy as np
-    from autoshard.brute import brute_force
+    from autoshard.solver.brute import brute_force
     from autoshard.build import build_model
     from autoshard.fold import fold_ties
     from mesh import Mesh, topology_for

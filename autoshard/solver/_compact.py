@@ -1,0 +1,258 @@
+"""The compact problem the anytime search and the exact sub-solvers work on.
+
+A :class:`Compact` is a presolved strategy problem in flat numpy arrays, where one
+compact node may stand for several original nodes (bijection contraction,
+:mod:`autoshard.solver._contract`): compact strategy ``j`` of node ``c`` fixes every member
+``v`` to ``vmap[vmap_off[v] + j]``. Edges are dense row-major blocks (``inf``:
+forbidden pair). Memory is a list of *terms*: global strategy ``tg`` adds ``tcoef`` to
+every kept memory row in ``[tlo, thi)`` (a member's excess over its minimum); rows carry
+the constant ``base``; a plan fits when ``base + sum of its terms <= limit`` on every row.
+
+Operations here keep the optimum: :func:`restrict` (drop strategies), :func:`fold_fixed`
+(single-strategy nodes become constants), :func:`arc_consistency`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from autoshard.solver._memory import MemoryRows
+from autoshard.solver._presolve import Reduced
+
+__all__ = ["Compact", "from_reduced", "restrict", "fold_fixed", "arc_consistency", "simplify",
+           "plan_of", "x_of", "objective", "usage", "entry_index", "Infeasible"]
+
+
+class Infeasible(Exception):
+    """Every strategy of some node was removed: no plan with finite cost exists."""
+
+
+@dataclass(frozen=True, slots=True)
+class Compact:
+    n: int
+    k: np.ndarray          # (n,) strategies per node
+    off: np.ndarray        # (n+1,)
+    cost: np.ndarray       # (G,)
+    const: float
+    eu: np.ndarray         # (m,) eu < ev
+    ev: np.ndarray
+    ebase: np.ndarray      # (m+1,) block offsets into W
+    W: np.ndarray          # dense ku x kv blocks, row-major
+    limit: float | None
+    base: np.ndarray       # (R,) constant memory of each kept row
+    tg: np.ndarray         # (T,) memory terms: global strategy, excess, row range
+    tcoef: np.ndarray
+    tlo: np.ndarray
+    thi: np.ndarray
+    tv: np.ndarray         # (T,) original node of each term
+    comp: np.ndarray       # (n0,) compact node of each original node, -1: fixed
+    fixed0: np.ndarray     # (n0,) original local strategy of fixed nodes, else -1
+    vmap_off: np.ndarray   # (n0+1,)
+    vmap: np.ndarray       # original local strategy per (original node, compact strategy)
+
+    @property
+    def node_of(self) -> np.ndarray:
+        return np.repeat(np.arange(self.n), self.k)
+
+    @property
+    def m(self) -> int:
+        return int(self.eu.size)
+
+    @property
+    def R(self) -> int:
+        return int(self.base.size)
+
+
+def _offsets(sizes: np.ndarray) -> np.ndarray:
+    out = np.zeros(sizes.size + 1, np.int64)
+    np.cumsum(sizes, out=out[1:])
+    return out
+
+
+def entry_index(k: np.ndarray, off: np.ndarray, eu: np.ndarray, ev: np.ndarray,
+                ebase: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For every block entry: (edge, row's global strategy, column's global strategy)."""
+    size = np.diff(ebase)
+    e = np.repeat(np.arange(size.size), size)
+    i = np.arange(int(ebase[-1])) - ebase[e]
+    kv = k[ev][e]
+    return e, off[eu][e] + i // kv, off[ev][e] + i % kv
+
+
+def from_reduced(red: Reduced, mem: MemoryRows | None, limit: float | None) -> Compact:
+    """One compact node per free node of ``red``; its strategies are the allowed ones."""
+    f = red.flat
+    na = np.bincount(f.node_of, weights=red.allowed, minlength=f.n).astype(np.int64)
+    free = (red.fixed < 0) & (na > 0)
+    comp = np.full(f.n, -1, np.int64)
+    comp[free] = np.arange(int(free.sum()))
+    gsel = np.flatnonzero(red.allowed & free[f.node_of])
+    k = na[free]
+    off = _offsets(k)
+    inv = np.full(red.cost.size, -1, np.int64)
+    inv[gsel] = np.arange(gsel.size)
+    # kept edges: endpoints from their entries (A's node < B's node)
+    m = red.num_edges
+    eu, ev = np.zeros(m, np.int64), np.zeros(m, np.int64)
+    eu[red.edge], ev[red.edge] = comp[f.node_of[red.A]], comp[f.node_of[red.B]]
+    ebase = _offsets(k[eu] * k[ev])
+    W = np.full(int(ebase[-1]), math.inf)
+    ju, jv = inv[red.A] - off[eu[red.edge]], inv[red.B] - off[ev[red.edge]]
+    W[ebase[red.edge] + ju * k[ev[red.edge]] + jv] = red.c
+    if mem is not None and limit is not None and mem.num_rows:
+        ok = inv[mem.g] >= 0
+        tg, tcoef, tlo, thi = inv[mem.g[ok]], mem.coef[ok], mem.lo[ok], mem.hi[ok]
+        tv = f.node_of[mem.g[ok]]
+        base = mem.base.copy()
+    else:
+        tg = tlo = thi = tv = np.zeros(0, np.int64)
+        tcoef, base = np.zeros(0), np.zeros(0)
+    vk = np.where(free, na, 0)
+    vmap_off = _offsets(vk)
+    vmap = gsel - np.repeat(f.off[:-1], vk)  # gsel is sorted by node: segments line up
+    fixed0 = np.where(free, -1, red.fixed)
+    return Compact(int(k.size), k, off, red.cost[gsel].astype(np.float64), float(red.const),
+                   eu, ev, ebase, W, limit if tg.size else None, base, tg, tcoef, tlo, thi,
+                   tv, comp, fixed0, vmap_off, vmap)
+
+
+def restrict(cp: Compact, keep: np.ndarray) -> Compact:
+    """Keep only strategies with ``keep[g]``; raises :class:`Infeasible` if a node loses all."""
+    if keep.all():
+        return cp
+    k2 = np.bincount(cp.node_of, weights=keep, minlength=cp.n).astype(np.int64)
+    if (k2 == 0).any():
+        raise Infeasible(f"compact node {int(np.argmin(k2))} has no strategy left")
+    off2 = _offsets(k2)
+    new = np.cumsum(keep) - 1
+    _, r, c = entry_index(cp.k, cp.off, cp.eu, cp.ev, cp.ebase)
+    W2 = cp.W[keep[r] & keep[c]]
+    tk = keep[cp.tg]
+    # vmap: original node v keeps the entries of its compact node's kept strategies
+    v_of = np.repeat(np.arange(cp.comp.size), np.diff(cp.vmap_off))
+    j = np.arange(cp.vmap.size) - cp.vmap_off[v_of]
+    vkeep = keep[cp.off[cp.comp[v_of]] + j] if cp.vmap.size else np.zeros(0, bool)
+    vk2 = np.where(cp.comp >= 0, k2[np.maximum(cp.comp, 0)], 0)
+    return replace(cp, k=k2, off=off2, cost=cp.cost[keep], ebase=_offsets(k2[cp.eu] * k2[cp.ev]),
+                   W=W2, tg=new[cp.tg[tk]], tcoef=cp.tcoef[tk], tlo=cp.tlo[tk], thi=cp.thi[tk],
+                   tv=cp.tv[tk], vmap_off=_offsets(vk2), vmap=cp.vmap[vkeep])
+
+
+def arc_consistency(cp: Compact) -> np.ndarray:
+    """Strategies with finite cost and a finite entry against a kept partner on every edge."""
+    keep = np.isfinite(cp.cost)
+    if cp.m == 0:
+        return keep
+    e, r, c = entry_index(cp.k, cp.off, cp.eu, cp.ev, cp.ebase)
+    fin = np.isfinite(cp.W)
+    ku, kv = cp.k[cp.eu], cp.k[cp.ev]
+    rb, cb = _offsets(ku), _offsets(kv)
+    rid = rb[e] + r - cp.off[cp.eu][e]
+    cid = cb[e] + c - cp.off[cp.ev][e]
+    row_g = np.repeat(cp.off[cp.eu], ku) + np.arange(int(rb[-1])) - np.repeat(rb[:-1], ku)
+    col_g = np.repeat(cp.off[cp.ev], kv) + np.arange(int(cb[-1])) - np.repeat(cb[:-1], kv)
+    while True:
+        ok = fin & keep[r] & keep[c]
+        rs = np.bincount(rid, weights=ok, minlength=int(rb[-1])) > 0
+        cs = np.bincount(cid, weights=ok, minlength=int(cb[-1])) > 0
+        kill = np.concatenate([row_g[~rs], col_g[~cs]])
+        kill = kill[keep[kill]]
+        if kill.size == 0:
+            return keep
+        keep[kill] = False
+
+
+def fold_fixed(cp: Compact) -> Compact:
+    """Nodes with one strategy become constants (costs, edges into neighbours, memory to base)."""
+    one = cp.k == 1
+    if not one.any():
+        return cp
+    e, r, c = entry_index(cp.k, cp.off, cp.eu, cp.ev, cp.ebase)
+    fu, fv = one[cp.eu][e], one[cp.ev][e]
+    cost = cp.cost.copy()
+    const = cp.const + float(np.sum(cp.cost[cp.off[:-1][one]]))
+    const += float(np.sum(cp.W[fu & fv]))
+    np.add.at(cost, c[fu & ~fv], cp.W[fu & ~fv])
+    np.add.at(cost, r[fv & ~fu], cp.W[fv & ~fu])
+    base = cp.base.copy()
+    tf = one[cp.node_of[cp.tg]] if cp.tg.size else np.zeros(0, bool)
+    if tf.any():
+        diff = np.zeros(cp.R + 1)
+        np.add.at(diff, cp.tlo[tf], cp.tcoef[tf])
+        np.add.at(diff, cp.thi[tf], -cp.tcoef[tf])
+        base += np.cumsum(diff)[:-1]
+    keep_n = ~one
+    newid = np.cumsum(keep_n) - 1
+    keep_e = keep_n[cp.eu] & keep_n[cp.ev]
+    keep_g = keep_n[cp.node_of]
+    # original nodes of folded compact nodes get their (single) strategy
+    comp, fixed0 = cp.comp.copy(), cp.fixed0.copy()
+    vin = (comp >= 0) & one[np.maximum(comp, 0)]
+    fixed0[vin] = cp.vmap[cp.vmap_off[:-1][vin]]
+    comp[vin] = -1
+    comp[comp >= 0] = newid[comp[comp >= 0]]
+    v_of = np.repeat(np.arange(cp.comp.size), np.diff(cp.vmap_off))
+    vk = np.diff(cp.vmap_off) * ~vin
+    k2 = cp.k[keep_n]
+    tk = ~tf
+    return replace(cp, n=int(k2.size), k=k2, off=_offsets(k2), cost=cost[keep_g], const=const,
+                   eu=newid[cp.eu[keep_e]], ev=newid[cp.ev[keep_e]],
+                   ebase=_offsets(k2[newid[cp.eu[keep_e]]] * k2[newid[cp.ev[keep_e]]]),
+                   W=cp.W[keep_e[e]], base=base,
+                   tg=(np.cumsum(keep_g) - 1)[cp.tg[tk]], tcoef=cp.tcoef[tk], tlo=cp.tlo[tk],
+                   thi=cp.thi[tk], tv=cp.tv[tk], comp=comp, fixed0=fixed0, vmap_off=_offsets(vk),
+                   vmap=cp.vmap[~vin[v_of]])
+
+
+def simplify(cp: Compact) -> Compact:
+    """Arc consistency and folding of single-strategy nodes until nothing changes."""
+    while True:
+        cp = restrict(cp, arc_consistency(cp))
+        if not (cp.k == 1).any():
+            return cp
+        cp = fold_fixed(cp)
+
+
+def plan_of(cp: Compact, x: np.ndarray) -> np.ndarray:
+    """The original plan (local strategy per original node) of compact choice ``x``."""
+    plan = cp.fixed0.copy()
+    v = np.flatnonzero(cp.comp >= 0)
+    plan[v] = cp.vmap[cp.vmap_off[v] + x[cp.comp[v]]]
+    return plan
+
+
+def x_of(cp: Compact, plan: np.ndarray) -> np.ndarray | None:
+    """The compact choice matching an original plan, or None if no compact plan gives it."""
+    x = np.full(cp.n, -1, np.int64)
+    v_of = np.repeat(np.arange(cp.comp.size), np.diff(cp.vmap_off))
+    j = np.arange(cp.vmap.size) - cp.vmap_off[v_of]
+    hit = cp.vmap == np.asarray(plan)[v_of]
+    # a compact strategy matches when every member agrees
+    g = cp.off[cp.comp[v_of]] + j
+    members = np.bincount(cp.comp[cp.comp >= 0], minlength=cp.n)
+    agree = np.bincount(g[hit], minlength=int(cp.off[-1]))
+    full = np.flatnonzero(agree == members[cp.node_of])
+    if full.size:
+        x[cp.node_of[full][::-1]] = (full - cp.off[cp.node_of[full]])[::-1]
+    fixed = cp.comp < 0
+    if (x < 0).any() or (np.asarray(plan)[fixed] != cp.fixed0[fixed]).any():
+        return None
+    return x
+
+
+def objective(cp: Compact, x: np.ndarray) -> float:
+    """Cost of compact choice ``x`` (constant included)."""
+    g = cp.off[:-1] + x
+    w = cp.W[cp.ebase[:-1] + x[cp.eu] * cp.k[cp.ev] + x[cp.ev]]
+    return cp.const + math.fsum(cp.cost[g].tolist()) + math.fsum(w.tolist())
+
+
+def usage(cp: Compact, x: np.ndarray) -> np.ndarray:
+    """Memory of every kept row under ``x``."""
+    on = (cp.off[:-1] + x)[cp.node_of[cp.tg]] == cp.tg if cp.tg.size else np.zeros(0, bool)
+    diff = np.zeros(cp.R + 1)
+    np.add.at(diff, cp.tlo[on], cp.tcoef[on])
+    np.add.at(diff, cp.thi[on], -cp.tcoef[on])
+    return cp.base + np.cumsum(diff)[:-1]

@@ -1,0 +1,102 @@
+"""Remove dominated strategies of a :class:`~autoshard.solver._compact.Compact` problem.
+
+Strategy ``q`` of node ``u`` dominates ``p`` when switching any plan from ``p`` to ``q``
+can only lower the cost and never raises memory:
+
+    cost[q] - cost[p] + sum over edges (u, w) of max_r (W[q, r] - W[p, r]) <= 0
+
+(entries where ``p`` is forbidden are skipped; ``q`` forbidden where ``p`` is not counts
+as ``+inf``), and every member's memory under ``q`` is at most its memory under ``p``.
+The bound is subadditive, so dominance is transitive and all dominated strategies can be
+dropped at once; of mutually dominating (equivalent) strategies the lowest index stays.
+Identical strategies are the special case where both directions hold.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from autoshard.solver._compact import Compact, from_reduced, restrict
+from autoshard.solver._contract import contract
+from autoshard.solver._memory import MemoryRows
+from autoshard.solver._presolve import Reduced
+
+__all__ = ["dominated", "remove_dominated", "compact_presolve"]
+
+
+def _edge_gain(block: np.ndarray) -> np.ndarray:
+    """``out[p, q] = max_r (block[q, r] - block[p, r])`` with the inf conventions above."""
+    bp = block[:, None, :]
+    with np.errstate(invalid="ignore"):  # inf - inf where p is forbidden: masked below
+        d = np.where(np.isinf(bp), -math.inf, block[None, :, :] - bp)
+    return d.max(axis=2) if block.shape[1] else np.zeros((block.shape[0],) * 2)
+
+
+def _memory_ok(cp: Compact) -> list[np.ndarray | None]:
+    """Per node: ``ok[p, q]`` = no member uses more memory under q than under p."""
+    out: list[np.ndarray | None] = [None] * cp.n
+    if cp.tg.size == 0:
+        return out
+    u = cp.node_of[cp.tg]
+    order = np.lexsort((cp.tv, u))
+    u, v, j, c = u[order], cp.tv[order], (cp.tg - cp.off[cp.node_of[cp.tg]])[order], cp.tcoef[order]
+    starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]])
+    ends = np.r_[starts[1:], u.size]
+    for s, e in zip(starts.tolist(), ends.tolist()):
+        node = int(u[s])
+        _, mi = np.unique(v[s:e], return_inverse=True)
+        C = np.zeros((int(mi.max()) + 1, int(cp.k[node])))
+        np.add.at(C, (mi, j[s:e]), c[s:e])
+        out[node] = (C[:, None, :] <= C[:, :, None]).all(axis=0)
+    return out
+
+
+def dominated(cp: Compact) -> np.ndarray:
+    """Mask over global strategies: True where another strategy of the node dominates it."""
+    D = []
+    for u in range(cp.n):
+        c = cp.cost[cp.off[u]:cp.off[u + 1]]
+        D.append(c[None, :] - c[:, None])  # D[p, q] = cost[q] - cost[p]
+    for e in range(cp.m):
+        u, v = int(cp.eu[e]), int(cp.ev[e])
+        block = cp.W[cp.ebase[e]:cp.ebase[e + 1]].reshape(cp.k[u], cp.k[v])
+        D[u] += _edge_gain(block)
+        D[v] += _edge_gain(block.T)
+    mem = _memory_ok(cp)
+    out = np.zeros(int(cp.off[-1]), bool)
+    for u in range(cp.n):
+        dom = D[u] <= 0
+        if mem[u] is not None:
+            dom &= mem[u]
+        np.fill_diagonal(dom, False)
+        idx = np.arange(cp.k[u])
+        tie_keeps_p = dom & dom.T & (idx[:, None] < idx[None, :])
+        out[cp.off[u]:cp.off[u + 1]] = (dom & ~tie_keeps_p).any(axis=1)
+    return out
+
+
+def remove_dominated(cp: Compact) -> tuple[Compact, int]:
+    """``cp`` without its dominated strategies, and how many were removed."""
+    dom = dominated(cp)
+    return restrict(cp, ~dom), int(dom.sum())
+
+
+def compact_presolve(reduced: Reduced, memory: MemoryRows | None,
+                     limit: float | None) -> tuple[Compact, dict]:
+    """Contract bijections and drop dominated strategies until nothing changes.
+
+    Raises :class:`autoshard.solver._compact.Infeasible` if some node loses every strategy.
+    """
+    compact = contract(from_reduced(reduced, memory, limit))
+    removed = 0
+    while compact.n:
+        smaller, count = remove_dominated(compact)
+        if count == 0:
+            break
+        removed += count
+        compact = contract(smaller)
+    stats = dict(compact_nodes=compact.n, compact_strategies=int(compact.off[-1]), compact_edges=compact.m,
+                 compact_entries=int(np.isfinite(compact.W).sum()), dominated=removed,
+                 memory_rows=compact.R if compact.limit is not None else 0)
+    return compact, stats

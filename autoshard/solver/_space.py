@@ -1,0 +1,156 @@
+"""Search-side view of a :class:`~autoshard.solver._compact.Compact`: incidence, adjacency, memory.
+
+``Space`` precomputes, once per problem, what the local moves need in flat arrays:
+- one *incidence entry* per (edge, side, strategy of that side), so the score of every
+  strategy given the other nodes' choices is one gather and one ``bincount``;
+- node adjacency (CSR) for growing neighbourhoods;
+- memory terms grouped by strategy (CSR), for exact usage updates of a move;
+- per node, which moves never raise any member's memory (``safe``).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from autoshard.solver._compact import Compact, _offsets, entry_index
+
+__all__ = ["Space", "RangeMax"]
+
+
+class RangeMax:
+    """max(U[a:b]) for many ranges at once (sparse table, O(R log R) to build)."""
+
+    def __init__(self, U: np.ndarray) -> None:
+        self.table = [U]
+        j = 1
+        while 2 * j <= U.size:
+            prev = self.table[-1]
+            self.table.append(np.maximum(prev[:-j], prev[j:]))
+            j *= 2
+
+    def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        out = np.full(a.size, -math.inf)
+        ok = b > a
+        if not ok.any():
+            return out
+        a, b = a[ok], b[ok]
+        lvl = np.floor(np.log2(b - a)).astype(np.int64)
+        res = np.empty(a.size)
+        for L in np.unique(lvl).tolist():
+            s = lvl == L
+            t = self.table[L]
+            res[s] = np.maximum(t[a[s]], t[b[s] - (1 << L)])
+        out[ok] = res
+        return out
+
+
+class Space:
+    """Precomputed arrays of ``cp`` (see module docstring)."""
+
+    def __init__(self, cp: Compact) -> None:
+        self.cp = cp
+        self.n, self.k, self.off, self.node_of = cp.n, cp.k, cp.off, cp.node_of
+        self.cost, self.W, self.eu, self.ev, self.ebase = cp.cost, cp.W, cp.eu, cp.ev, cp.ebase
+        self.free_mask = np.ones(cp.n, bool)
+        self.limit = cp.limit if (cp.limit is not None and cp.R) else None
+        k, m = cp.k, cp.m
+        ku, kv = k[cp.eu], k[cp.ev]
+        eidx_u, eidx_v = np.repeat(np.arange(m), ku), np.repeat(np.arange(m), kv)
+        p = np.arange(int(ku.sum())) - np.repeat(_offsets(ku)[:-1], ku)
+        q = np.arange(int(kv.sum())) - np.repeat(_offsets(kv)[:-1], kv)
+        tgt = np.concatenate([cp.off[cp.eu][eidx_u] + p, cp.off[cp.ev][eidx_v] + q])
+        static = np.concatenate([cp.ebase[eidx_u] + p * kv[eidx_u], cp.ebase[eidx_v] + q])
+        other = np.concatenate([cp.ev[eidx_u], cp.eu[eidx_v]])
+        mult = np.concatenate([np.ones(eidx_u.size, np.int64), kv[eidx_v]])
+        order = np.argsort(tgt, kind="stable")
+        self.tgt, self.static, self.other, self.mult = tgt[order], static[order], other[order], mult[order]
+        self.ip = np.searchsorted(self.node_of[self.tgt], np.arange(cp.n + 1))
+        # adjacency
+        a = np.concatenate([cp.eu, cp.ev])
+        b = np.concatenate([cp.ev, cp.eu])
+        ed = np.concatenate([np.arange(m), np.arange(m)])
+        o = np.argsort(a, kind="stable")
+        self.nbr, self.nbr_edge = b[o], ed[o]
+        self.nptr = np.searchsorted(a[o], np.arange(cp.n + 1))
+        self.degree = np.diff(self.nptr)
+        # memory terms by strategy
+        o = np.argsort(cp.tg, kind="stable")
+        self.t_lo, self.t_hi, self.t_coef = cp.tlo[o], cp.thi[o], cp.tcoef[o]
+        self.t_g, self.t_v = cp.tg[o], cp.tv[o]
+        self.tptr = np.searchsorted(self.t_g, np.arange(int(cp.off[-1]) + 1))
+        self.safe = self._safe_moves()
+        self.entries = entry_index(cp.k, cp.off, cp.eu, cp.ev, cp.ebase)  # (edge, row g, col g)
+
+    def _safe_moves(self) -> list[np.ndarray | None]:
+        """Per node, ``safe[p, q]``: moving p -> q raises no member's memory (None: all)."""
+        out: list[np.ndarray | None] = [None] * self.n
+        if self.limit is None or self.t_g.size == 0:
+            return out
+        u = self.node_of[self.t_g]
+        order = np.lexsort((self.t_v, u))
+        u, v = u[order], self.t_v[order]
+        j, c = (self.t_g - self.off[self.node_of[self.t_g]])[order], self.t_coef[order]
+        starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]])
+        for s, e in zip(starts.tolist(), np.r_[starts[1:], u.size].tolist()):
+            node = int(u[s])
+            _, mi = np.unique(v[s:e], return_inverse=True)
+            C = np.zeros((int(mi.max()) + 1, int(self.k[node])))
+            np.add.at(C, (mi, j[s:e]), c[s:e])
+            out[node] = (C[:, None, :] <= C[:, :, None]).all(axis=0)
+        return out
+
+    def scores(self, x: np.ndarray) -> np.ndarray:
+        """Cost of every strategy given the other nodes' choices in ``x``."""
+        vals = self.W[self.static + x[self.other] * self.mult]
+        return self.cost + np.bincount(self.tgt, weights=vals, minlength=self.cost.size)
+
+    def scores_split(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Like :meth:`scores` as (finite part, number of forbidden terms) per strategy."""
+        vals = self.W[self.static + x[self.other] * self.mult]
+        bad = np.isinf(vals)
+        fin = self.cost + np.bincount(self.tgt, weights=np.where(bad, 0.0, vals),
+                                      minlength=self.cost.size)
+        return fin, np.bincount(self.tgt, weights=bad, minlength=self.cost.size)
+
+    def usage(self, x: np.ndarray) -> np.ndarray:
+        cp = self.cp
+        g = self.off[:-1] + x
+        cnt = self.tptr[g + 1] - self.tptr[g]
+        idx = np.repeat(self.tptr[g], cnt) + np.arange(int(cnt.sum())) - np.repeat(_offsets(cnt)[:-1], cnt)
+        diff = np.zeros(cp.R + 1)
+        np.add.at(diff, self.t_lo[idx], self.t_coef[idx])
+        np.add.at(diff, self.t_hi[idx], -self.t_coef[idx])
+        return cp.base + np.cumsum(diff)[:-1]
+
+    def terms_of(self, g: np.ndarray) -> np.ndarray:
+        """Indices (into the t_* arrays) of the memory terms of strategies ``g``."""
+        cnt = self.tptr[g + 1] - self.tptr[g]
+        return np.repeat(self.tptr[g], cnt) + np.arange(int(cnt.sum())) - np.repeat(_offsets(cnt)[:-1], cnt)
+
+    def move_fits(self, U: np.ndarray, u: int, p: int, q: int) -> bool:
+        """Exact: does moving node ``u`` from strategy p to q keep every row within the limit?"""
+        if self.limit is None:
+            return True
+        tq = self.terms_of(np.array([self.off[u] + q]))
+        if tq.size == 0:
+            return True
+        tp = self.terms_of(np.array([self.off[u] + p]))
+        lo = np.concatenate([self.t_lo[tq], self.t_lo[tp]])
+        hi = np.concatenate([self.t_hi[tq], self.t_hi[tp]])
+        c = np.concatenate([self.t_coef[tq], -self.t_coef[tp]])
+        a, b = int(lo.min()), int(hi.max())
+        diff = np.zeros(b - a + 1)
+        np.add.at(diff, lo - a, c)
+        np.add.at(diff, hi - a, -c)
+        return bool((U[a:b] + np.cumsum(diff)[:-1] <= self.limit).all())
+
+    def apply_move(self, U: np.ndarray, u: int, p: int, q: int) -> None:
+        tq = self.terms_of(np.array([self.off[u] + q]))
+        tp = self.terms_of(np.array([self.off[u] + p]))
+        for t, s in ((tq, 1.0), (tp, -1.0)):
+            if t.size:
+                diff = np.zeros(U.size + 1)
+                np.add.at(diff, self.t_lo[t], s * self.t_coef[t])
+                np.add.at(diff, self.t_hi[t], -s * self.t_coef[t])
+                U += np.cumsum(diff)[:-1]
