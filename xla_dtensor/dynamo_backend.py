@@ -230,13 +230,9 @@ def plain_tangent(t: LazyTensor, expected_type: Any) -> Any:
     """``t`` as a gradient AOTAutograd accepts where it expects a plain tensor, else ``None``."""
     if expected_type not in (None, torch.Tensor):
         return None
-    from xla_dtensor.core.tensor import value_of
+    from xla_dtensor.core.tensor import wrap_like
     t = t.contiguous()  # NOTE: AOTAutograd would make it contiguous itself, giving back a traceable one
-    out = torch.Tensor._make_wrapper_subclass(_Tangent, t.shape, strides=t.stride(), dtype=t.dtype, device=t.device)
-    out._storage, out._chain, out._meta = t._storage, t._chain, t._meta
-    if t._chain:
-        out._vcache, out._seen = value_of(t), t._seen
-    return out
+    return wrap_like(_Tangent, t)
 
 
 def fake_inputs(example_inputs: list) -> list:

@@ -246,11 +246,12 @@ def is_view(t: LazyTensor) -> bool:
     return bool(t._chain)
 
 
-def wrap_like(cls: type, t: LazyTensor, device: Any = None) -> LazyTensor:
+def wrap_like(cls: type, t: LazyTensor, device: Any = None, requires_grad: bool = False) -> LazyTensor:
     """A new tensor object of class ``cls`` over ``t``'s storage, chain and metadata (no autograd
     history): a re-wrap, not a copy."""
     shape, dtype, stride = t._meta
-    out = _new(cls, shape, strides=stride, dtype=dtype, device=t.device if device is None else device)
+    out = _new(cls, shape, strides=stride, dtype=dtype, device=t.device if device is None else device,
+               requires_grad=requires_grad)
     out._storage, out._chain, out._meta = t._storage, t._chain, t._meta
     if t._chain:
         out._vcache, out._seen = value_of(t), t._seen

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from xla_dtensor.core.ir import getitem, make_node
-from xla_dtensor.core.tensor import LazyTensor, new_tensor, value_of
+from xla_dtensor.core.tensor import LazyTensor, meta_of, new_tensor, value_of
 from xla_dtensor.spmd import annotate as _A
 from xla_dtensor.spmd.sharded_tensor import XLAShardedTensor as _Sharded
 
@@ -82,7 +82,7 @@ def optimization_barrier_(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     lazy = [t for t in tensors if isinstance(t, LazyTensor)]
     if not lazy:
         return list(tensors)
-    key = (_BARRIER, tuple(t._meta for t in lazy))
+    key = (_BARRIER, tuple(meta_of(t) for t in lazy))
     node = make_node(_BARRIER, key, hash(key), tuple(value_of(t) for t in lazy), _barrier_fn)
     it = iter(new_tensor((tuple(t.shape), t.dtype, torch.empty(t.shape, device="meta").stride()), getitem(node, i))
               for i, t in enumerate(lazy))

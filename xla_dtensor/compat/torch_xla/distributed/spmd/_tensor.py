@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from xla_dtensor.core.tensor import LazyTensor, value_of
+from xla_dtensor.core.tensor import LazyTensor, wrap_like
 from xla_dtensor.spmd.annotate import _require_lazy
 from xla_dtensor.spmd.sharded_tensor import XLAShardedTensor as _Sharded
 
@@ -55,11 +55,7 @@ class XLAShardedTensor(_Sharded):
     def __new__(cls, elem: torch.Tensor, mesh_shape: Any = None, partition_spec: Any = None, *,
                 requires_grad: bool = False) -> XLAShardedTensor:
         t = _require_lazy(elem, "XLAShardedTensor")
-        out = torch.Tensor._make_wrapper_subclass(cls, t.shape, strides=t.stride(), dtype=t.dtype,
-                                                  device=t.device, requires_grad=requires_grad)
-        out._storage, out._chain, out._meta = t._storage, t._chain, t._meta
-        if t._chain:
-            out._vcache, out._seen = value_of(t), t._seen
+        out = wrap_like(cls, t, requires_grad=requires_grad)
         out._source = t
         return out
 
