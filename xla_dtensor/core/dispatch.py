@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from xla_dtensor.core import entries as E
-from xla_dtensor.core.ir import data_leaf, getitem, make_node
+from xla_dtensor.core.ir import data_leaf, getitems, make_node
 from xla_dtensor.core.signature import op_info, signature
 from xla_dtensor.core.state import STATE
 from xla_dtensor.core.tensor import LazyTensor, new_tensor, new_view, write
@@ -77,7 +77,9 @@ def _returns_list(op: Any) -> bool:
 
 
 def _wrap_many(op: Any, outs: list, node: Any) -> Any:
-    res = [None if m is None else new_tensor(m, getitem(node, i)) for i, m in enumerate(outs)]
+    items = getitems(node, [i for i, m in enumerate(outs) if m is not None])
+    it = iter(items)
+    res = [None if m is None else new_tensor(m, next(it)) for m in outs]
     return res if _returns_list(op) else tuple(res)
 
 
@@ -88,7 +90,8 @@ def _views(op: Any, entry: E.Entry, base: LazyTensor, node: Any) -> Any:
         if step is None:
             step = entry.step = ViewStep(entry, None)
         return new_view(entry.outs[0], storage, chain + (step,), node)
-    res = [new_view(m, storage, chain + (ViewStep(entry, i),), getitem(node, i)) for i, m in enumerate(entry.outs)]
+    items = getitems(node, range(len(entry.outs)))
+    res = [new_view(m, storage, chain + (ViewStep(entry, i),), items[i]) for i, m in enumerate(entry.outs)]
     return res if _returns_list(op) else tuple(res)
 
 
@@ -105,12 +108,14 @@ def _inplace(op: Any, info: Any, entry: E.Entry, node: Any, args: tuple, kwargs:
         write(targets[0], node)
     else:
         kept = entry.kept
-        for i, t in enumerate(targets):
-            if t is not None and i not in kept:
-                write(t, getitem(node, n_ret + i))
+        written = [i for i, t in enumerate(targets) if t is not None and i not in kept]
+        owner = STATE.owner
+        for i, value in zip(written, getitems(node, [n_ret + i for i in written])):
+            write(targets[i], value, owner)
     if info.n_returns == 0:
         return None
-    own = [new_tensor(entry.outs[i], getitem(node, i) if total > 1 else node) for i in range(n_ret)]
+    values = getitems(node, range(n_ret)) if total > 1 else [node][:n_ret]
+    own = [new_tensor(entry.outs[i], v) for i, v in enumerate(values)]
     if n_ret == 0:
         return targets[0] if info.n_returns == 1 and not _returns_list(op) else targets
     if info.n_returns == 1:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from xla_dtensor import metrics
 from xla_dtensor.core.state import STATE
@@ -86,11 +86,23 @@ def make_node(op: Any, key: Any, key_hash: int, inputs: tuple[Node, ...], fn: Ca
     return node
 
 
+# (id of a sharding, shape, dtype) -> (that sharding, the leaf key, its hash): a sync rebinds ~1,800
+# storages of a GPT step to new leaves, and hashing a NamedSharding runs Python (~1 us each).
+# The sharding is kept so its id cannot be reused while the entry lives.
+_LEAF_KEYS: dict[tuple, tuple] = {}
+
+
 def data_leaf(array: Any, shape: tuple[int, ...], dtype: Any) -> Node:
     """A device-data leaf holding ``array``; hashed by (shape, dtype, sharding)."""
     sharding = getattr(array, "sharding", None)
-    key = (DATA, shape, dtype, sharding)
-    return Node(DATA, key, (), hash(key), None, array)
+    ck = (id(sharding), shape, dtype)
+    hit = _LEAF_KEYS.get(ck)
+    if hit is None or hit[0] is not sharding:
+        if len(_LEAF_KEYS) >= CONS_LIMIT:
+            _LEAF_KEYS.clear()
+        key = (DATA, shape, dtype, sharding)
+        hit = _LEAF_KEYS[ck] = (sharding, key, hash(key))
+    return Node(DATA, hit[1], (), hit[2], None, array)
 
 
 def param_leaf(value: int | float | complex) -> Node:
@@ -102,13 +114,45 @@ def param_leaf(value: int | float | complex) -> Node:
 _GETITEMS: dict[int, tuple[tuple, int, Callable[[Any], Any]]] = {}  # i -> (key, its hash, fn)
 
 
-def getitem(node: Node, i: int) -> Node:
-    """Output ``i`` of a multi-output node."""
+def _getitem_entry(i: int) -> tuple[tuple, int, Callable[[Any], Any]]:
     g = _GETITEMS.get(i)
     if g is None:
         key = (GETITEM, i)
         g = _GETITEMS[i] = (key, hash(key), operator.itemgetter(i))
+    return g
+
+
+def getitem(node: Node, i: int) -> Node:
+    """Output ``i`` of a multi-output node."""
+    g = _getitem_entry(i)
     return make_node(GETITEM, g[0], g[1], (node,), g[2])
+
+
+def getitems(node: Node, indices: Iterable[int]) -> list[Node]:
+    """``[getitem(node, i) for i in indices]``, inlined: a foreach optimizer op writes ~150
+    outputs, each one getitem node (a third of a GPT step's recorded nodes)."""
+    if not STATE.consing:
+        return [getitem(node, i) for i in indices]
+    out: list[Node] = []
+    nid, nh, inputs = id(node), node.hash, (node,)
+    hits = new = 0
+    for i in indices:
+        key, kh, fn = _getitem_entry(i)
+        ck = (kh, nid)
+        g = _CONS.get(ck)
+        if g is not None and g.key == key:
+            hits += 1
+        else:
+            g = Node(GETITEM, key, inputs, hash((kh, nh)), fn)
+            if len(_CONS) >= CONS_LIMIT:
+                _CONS.clear()
+            _CONS[ck] = g
+            new += 1
+        out.append(g)
+    counts = metrics._COUNTS
+    counts["hash_cons_hits"] += hits
+    counts["ops_recorded"] += new
+    return out
 
 
 def topo_order(roots: list[Node]) -> list[Node]:

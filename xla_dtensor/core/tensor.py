@@ -300,12 +300,15 @@ def value_of_chain(storage: Storage, chain: tuple) -> Node:
     return v
 
 
-def write(t: LazyTensor, value: Node) -> None:
-    """Make ``value`` the new content of ``t`` (an in-place write, torch semantics)."""
+def write(t: LazyTensor, value: Node, owner: int = 0) -> None:
+    """Make ``value`` the new content of ``t`` (an in-place write, torch semantics).
+
+    ``owner``: the thread writing (0: the calling thread's owner, looked up).
+    """
     s = t._storage
     if s.value.fn is None:
         s.donor = id(s.value)  # NOTE: an id, not the node: a reference would keep a non-donated buffer alive
-    s.owner = _me()
+    s.owner = owner or _me()
     if t._chain:
         from xla_dtensor.core.views import scatter_into
         s.value = scatter_into(s.value, s.meta, t._chain, value)
