@@ -40,10 +40,13 @@ def live() -> list[Storage]:
 class Storage:
     """The value cell shared by a root tensor and all its views."""
 
-    __slots__ = ("value", "version", "meta", "seq", "donor", "owner", "__weakref__")
+    __slots__ = ("value", "version", "meta", "seq", "donor", "owner", "layout", "__weakref__")
 
     def __init__(self, value: Node, meta: tuple) -> None:
         self.value, self.version, self.meta, self.seq = value, 0, meta, next(_SEQ)
+        # the layout the user gave the root tensor (a ShardingSpec: mark_sharding, distribute_tensor),
+        # which every sync keeps through in-place updates (xla_dtensor.spmd.annotate); None: none
+        self.layout: Any = None
         self.donor: int | None = None  # id() of the device-data leaf the first pending write replaced
         # the thread whose sync() computes a pending value
         # NOTE: not STATE.owner: outside the lock, that is another thread's

@@ -28,7 +28,7 @@ from xla_dtensor.sharding import HloSharding, ShardingSpec
 from xla_dtensor.core import layout as L
 from xla_dtensor.spmd.errors import MeshDevicesError, NotShardableError
 
-_STICKY: weakref.WeakKeyDictionary[Storage, ShardingSpec] = weakref.WeakKeyDictionary()
+# NOTE: a root tensor's sticky layout is its storage's ``layout`` (see :func:`stick`)
 _VIEW_SPECS: dict[int, tuple[weakref.ref, ShardingSpec, int]] = {}
 _REPADDED: list[tuple[Storage, tuple, Any]] = []
 _FROM_TORCH: dict[Any, Mesh] = {}  # (torch DeviceMesh, its root) -> our Mesh; both hash by value
@@ -108,7 +108,7 @@ def apply_spec(t: LazyTensor, spec: ShardingSpec) -> None:
     s = storage_of(t)
     s.value = L.reshard(s.value, shape, dtype, spec)
     s.version += 1
-    _STICKY[s] = spec
+    s.layout = spec
 
 
 def _forget(key: int) -> Any:
@@ -161,10 +161,10 @@ def clear_sharding(t: Any) -> Any:
         if entry is not None and L.is_constraint(value_of(t)):
             set_view_value(t, value_of(t).inputs[0])
         return t
-    _STICKY.pop(storage_of(t), None)
+    storage_of(t).layout = None
     if spec is not None and not spec.is_replicated:
         apply_spec(t, ShardingSpec.replicated(spec.mesh, t.dim()))
-        _STICKY.pop(storage_of(t), None)
+        storage_of(t).layout = None
     return t
 
 
@@ -173,7 +173,7 @@ def sticky_spec(t: LazyTensor) -> ShardingSpec | None:
     if is_view(t):
         entry = _VIEW_SPECS.get(id(t))
         return entry[1] if entry is not None and entry[0]() is t else None
-    return _STICKY.get(storage_of(t))
+    return storage_of(t).layout
 
 
 def get_spec(t: LazyTensor) -> ShardingSpec | None:
@@ -220,18 +220,37 @@ def _has_unconstrained(s: jax.sharding.NamedSharding) -> bool:
 
 
 # -- sync hooks: sticky layouts survive in-place updates ------------------------------
+def stick(storage: Storage, spec: ShardingSpec | None) -> None:
+    """Make ``spec`` the layout every sync keeps ``storage`` in (None: none, a plan decides)."""
+    storage.layout = spec
+
+
+# (id(spec), shape) -> (spec, its NamedSharding, even?, padded shape): the ShardingSpec dataclass and
+# the mesh hash in Python, and each sync lays out every sticky pending storage
+_LAID: dict[tuple, tuple] = {}
+
+
+def _laid(spec: ShardingSpec, shape: tuple[int, ...]) -> tuple:
+    d = _LAID.get((id(spec), shape))
+    if d is None or d[0] is not spec:
+        if len(_LAID) >= 4096:
+            _LAID.clear()
+        even = L.is_even(spec, shape)
+        d = _LAID[(id(spec), shape)] = (spec, L.named(spec), even, None if even else L.padded_shape(spec, shape))
+    return d
+
+
 def _pre_sync(pending: list[Storage]) -> None:
     for s in pending:
-        spec = _STICKY.get(s)
+        spec = s.layout
         if spec is None:
             continue
         shape = s.meta[0]
-        ns = L.named(spec)
-        if L.is_even(spec, shape):
+        _, ns, even, pshape = _laid(spec, shape)
+        if even:
             if not L.is_constraint(s.value, ns):
                 s.value = L.constrain(s.value, ns)
         else:
-            pshape = L.padded_shape(spec, shape)
             s.value = L.pad(s.value, shape, pshape, ns)
             _REPADDED.append((s, pshape, ns))
 
@@ -245,7 +264,7 @@ def _post_sync(pending: list[Storage]) -> None:
 def _keep_pending(s: Storage) -> bool:
     """``.cpu()`` of an annotated tensor must not rebind it to an unannotated result; the
     next ``sync()`` computes it with its layout (an uneven one stays padded)."""
-    return s in _STICKY
+    return s.layout is not None
 
 
 def install_hooks() -> None:

@@ -82,7 +82,7 @@ def distribute_tensor(tensor: torch.Tensor, device_mesh: Any = None,
         value = L.place_host(tensor, spec.reduced())
         meta = (shape, dtype, _contiguous(shape))
     out = new_tensor(meta, value)
-    A._STICKY[storage_of(out)] = spec.reduced()
+    A.stick(storage_of(out), spec.reduced())
     res = _wrap_plain(out)._record(spec, device_mesh)
     return res.requires_grad_(tensor.requires_grad) if tensor.requires_grad else res
 

@@ -175,7 +175,7 @@ def prepare_module(module: nn.Module, m: Mesh, policy: AutoPolicy) -> None:
                     t = XLAShardedTensor.wrap(p.detach())
                 else:
                     t = distribute_tensor(p.detach(), m, None)
-                    A._STICKY.pop(storage_of(t), None)  # NOTE: the plan decides; replicated until then
+                    A.stick(storage_of(t), None)  # NOTE: the plan decides; replicated until then
                 new = done[id(p)] = nn.Parameter(t, requires_grad=p.requires_grad)
             sub._parameters[key] = new
     owner = weakref.ref(module)  # NOTE: no strong reference: a dropped module drops its scope

@@ -72,7 +72,7 @@ def meta_sharded(shape: tuple[int, ...], dtype: torch.dtype, stride: tuple[int, 
     storage = Storage(Node(META, key, (), hash(key), None), meta)  # NOTE: not in LIVE: never pending
     adopt(t, storage, meta)
     if sticky:
-        A._STICKY[storage] = spec.reduced()
+        A.stick(storage, spec.reduced())
     return t._record(spec, mesh_arg)
 
 
@@ -148,7 +148,7 @@ def empty_like(t: XLAShardedTensor, device: Any, dtype: torch.dtype | None) -> X
             f"xla_dtensor.device()) (device type {DEVICE_NAME!r})")
     out = _zeros(tuple(meta_of(t)[0]), dtype)
     if sticky:
-        A._STICKY[storage_of(out)] = A.sticky_spec(t)
+        A.stick(storage_of(out), A.sticky_spec(t))
     res = _wrap_plain(out)
     return res._record(spec, getattr(t, "_dt_mesh_arg", None)) if spec is not None else res
 
