@@ -113,13 +113,13 @@ def test_a_save_killed_between_its_two_renames_leaves_an_error_naming_the_copies
         checkpoint.load({"w": torch.zeros(16, 8)}, path)
 
 
-def _plain_dcp_load_of_a_damaged_last_item(saved, tmp_path, planner=None):
-    """Plain ``dcp.load`` (torch's FileSystemReader) into device targets; the data file's last item is cut."""
+def _plain_dcp_load_of_a_damaged_last_item(saved, tmp_path, planner=None, on_device=True):
+    """Plain ``dcp.load`` (torch's FileSystemReader) into fresh targets; the data file's last item is cut."""
     import torch.distributed.checkpoint as dcp
     path = tmp_path / "cut"
     shutil.copytree(saved, path)
     os.truncate(path / "__0_0.distcp", (path / "__0_0.distcp").stat().st_size - 8)
-    tgt = _targets(on_device=True)
+    tgt = _targets(on_device)
     with pytest.raises(dcp.api.CheckpointException, match="central directory") as err:
         dcp.load(tgt, checkpoint_id=str(path), planner=planner, no_dist=True)
     return tgt, err.value
@@ -150,3 +150,16 @@ def test_plain_dcp_load_commits_a_tensor_held_under_two_keys(tmp_path):
     tgt = _targets(on_device=True)
     dcp.load({"a": tgt["w"], "b": tgt["w"], "u": tgt["u"]}, checkpoint_id=str(tmp_path / "tied"), no_dist=True)
     assert torch.equal(tgt["w"].cpu(), v["w"]) and torch.equal(tgt["u"].cpu(), v["u"])
+
+
+def test_plain_dcp_load_with_our_planner_leaves_cpu_targets_and_values_untouched(saved, tmp_path):
+    """Under torch's FileSystemReader, LoadPlanner stages CPU pieces and plain values and writes them after
+    the plan's last item: a cut data file leaves w, u (CPU) and meta as they were; a good load fills all."""
+    import torch.distributed.checkpoint as dcp
+    from xla_dtensor.checkpoint.planners import LoadPlanner
+    tgt, _ = _plain_dcp_load_of_a_damaged_last_item(saved, tmp_path, LoadPlanner(), on_device=False)
+    v = _values()
+    assert all(torch.equal(tgt[k], torch.full(v[k].shape, -1.0)) for k in ("w", "u")), tgt
+    assert tgt["meta"] == {"step": 0}
+    dcp.load(tgt, checkpoint_id=str(saved), planner=LoadPlanner(), no_dist=True)
+    assert torch.equal(tgt["w"], v["w"]) and torch.equal(tgt["u"], v["u"]) and tgt["meta"] == v["meta"]

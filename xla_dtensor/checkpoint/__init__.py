@@ -127,7 +127,7 @@ def load(state_dict: dict[str, Any], path: str | os.PathLike, *, allow_unverifie
     hooks.close_sessions()
     try:
         with _quiet(), _unwrapped():
-            dcp.load(state_dict, storage_reader=reader, planner=LoadPlanner(), no_dist=True)
+            dcp.load(state_dict, storage_reader=reader, planner=LoadPlanner(stage=False), no_dist=True)
     finally:
         unfilled = unfilled_targets()
     if unfilled:

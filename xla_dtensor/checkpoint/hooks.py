@@ -196,6 +196,11 @@ def _to_numpy(cpu: torch.Tensor, like: np.dtype) -> np.ndarray:
     return cpu.view(_INT_OF_WIDTH[cpu.element_size()][1]).numpy().view(like)
 
 
+def is_staging(t: torch.Tensor) -> bool:
+    """``t`` is (a view of) a load session's staging buffer: the session commits it, not the planner."""
+    return isinstance(t, _Stage)
+
+
 def pending_sessions() -> list[_Session]:
     """Load sessions opened by DCP's planning and not (yet) filled."""
     return [s for s in list(_OPEN) if not s.done]

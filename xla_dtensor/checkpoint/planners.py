@@ -9,7 +9,13 @@ processes' parts are checked for coverage when process 0 merges them.
 :class:`LoadPlanner` checks every target before anything is read: its key is in the
 checkpoint, its kind (tensor or value), shape and dtype match, and the stored chunks
 cover every element this process must fill. Non-tensor values are read with
-``torch.load(weights_only=True)``.
+``torch.load(weights_only=True)``. With ``stage=True`` (the default) it is also
+all-or-nothing under any storage reader (torch's ``FileSystemReader`` included): CPU
+tensor pieces are read into staging copies and plain values held back, and both are
+written to the targets only once every item of this process's plan has been read
+(device targets are staged by their load sessions, :mod:`~xla_dtensor.checkpoint.hooks`).
+The staging costs a host copy of the CPU targets; :func:`xla_dtensor.checkpoint.load`,
+whose reader verifies everything before writing, plans with ``stage=False``.
 
 Example:
     >>> import io, torch
@@ -89,7 +95,44 @@ class SavePlanner(DefaultSavePlanner):
 
 
 class LoadPlanner(DefaultLoadPlanner):
-    """DCP's default load planner with every target checked up front (module doc)."""
+    """DCP's default load planner with every target checked up front, and staged writes (module doc)."""
+
+    def __init__(self, *args: Any, stage: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stage = stage
+        self._unread: int | None = None  # items of the final plan not read yet (None: not staging)
+        self._staged: list[tuple[Any, Any]] = []  # (CPU target piece, its staging copy) or (key, plain value)
+
+    def finish_plan(self, new_plan: LoadPlan) -> LoadPlan:
+        plan = super().finish_plan(new_plan)
+        if self.stage:
+            self._unread, self._staged = len(plan.items), []
+        return plan
+
+    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
+        target = super().resolve_tensor(read_item)
+        if self._unread is None or hooks.is_staging(target):
+            return target
+        copy = torch.empty_like(target)
+        self._staged.append((target, copy))
+        return copy
+
+    def commit_tensor(self, read_item: ReadItem, tensor: torch.Tensor) -> None:
+        self._read_one()
+
+    def _read_one(self) -> None:
+        """Count an item read; after the last one, write every staged piece and value."""
+        if self._unread is None:
+            return
+        self._unread -= 1
+        if self._unread > 0:
+            return
+        for where, what in self._staged:
+            if isinstance(where, torch.Tensor):
+                where.copy_(what)
+            else:
+                self._set_value(where, what)
+        self._staged, self._unread = [], None
 
     def create_local_plan(self) -> LoadPlan:
         assert self.metadata is not None
@@ -107,6 +150,13 @@ class LoadPlanner(DefaultLoadPlanner):
         except Exception as err:
             raise CheckpointError(f"{key!r}: the stored value is not plain data torch.load(weights_only=True) "
                                   f"accepts ({type(err).__name__}: {str(err)[:200]})") from None
+        if self._unread is None:
+            self._set_value(key, obj)
+            return
+        self._staged.append((key, obj))
+        self._read_one()
+
+    def _set_value(self, key: str, obj: Any) -> None:
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[key], obj)
         else:

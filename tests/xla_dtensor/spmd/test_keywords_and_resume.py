@@ -1,6 +1,7 @@
 """``shard_model`` splits keyword tensor inputs too: an HF model called as ``model(input_ids=..., labels=...)``."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -96,3 +97,35 @@ def test_resume_compiles_few_programs_and_keeps_a_device_lr(dev, tmp_path):
     assert isinstance(lr, torch.Tensor) and lr.device.type == dev.type and lr.item() == pytest.approx(1e-2)
     for a, b in zip(m.parameters(), m2.parameters()):
         torch.testing.assert_close(a.cpu(), b.cpu())
+
+
+def _run_loop(mode: str, phase: str, path) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(__file__), "_llama_resume.py")
+    proc = subprocess.run([sys.executable, script, mode, phase, str(path)], capture_output=True, text=True,
+                          timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["fsdp", "tp"])
+def test_hf_llama_loop_resumes_in_a_new_process_with_few_compiles(tmp_path, mode):
+    """Issue 41, item 6: the realistic loop (AdamW, warmup + cosine, clipping, accumulation, activation
+    checkpointing), DCP save after step 10, restore in a new process: <= 8 XLA compiles during the restore
+    (model + optimizer + schedule; ~84 tensors), and steps 10-12 after it equal a straight 13-step torch CPU
+    run (rel 1e-3). The issue saw 63 compiles for this restore; measured 1 (FSDP 8 devices, TP 2x4)."""
+    want = _run_loop("cpu", "straight", tmp_path / "unused")["losses"]
+    first = _run_loop(mode, "train", tmp_path / "ckpt")
+    np.testing.assert_allclose(first["losses"], want[:10], rtol=1e-3)
+    resumed = _run_loop(mode, "resume", tmp_path / "ckpt")
+    r = resumed["restore"]
+    print(f"\n{mode}: restore of {r['tensors']} tensors: {r['compiles']} compiles "
+          f"({r['persistent_cache_hits']} persistent-cache hits), {r['seconds']} s")
+    assert r["compiles"] + r["persistent_cache_hits"] <= 8, r
+    assert r["tensors"] >= 60, r  # the whole model and the AdamW moments were restored
+    np.testing.assert_allclose(resumed["losses"], want[10:], rtol=1e-3)

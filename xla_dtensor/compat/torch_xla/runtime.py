@@ -1,12 +1,15 @@
 """``torch_xla.runtime`` (``xr``): device counts and SPMD switches, single-controller view.
 
-Under SPMD torch_xla runs one process per host that drives all its devices, so the
-"world" is the process count and an ordinal is the process index, as here.
+Under SPMD torch_xla runs one process per host that drives all its devices through one
+virtual device, so the "world" is the process count, an ordinal is the process index,
+and the plain device counts (``global_device_count``, ``addressable_device_count``,
+``local_device_count``) count that virtual device; the ``*_runtime_*`` counts are the
+chips, as here.
 
 Example:
     >>> import xla_dtensor.compat.torch_xla.runtime as xr
-    >>> xr.world_size(), xr.global_ordinal(), xr.global_runtime_device_count()
-    (1, 0, 8)
+    >>> xr.world_size(), xr.global_ordinal(), xr.global_runtime_device_count(), xr.global_device_count()
+    (1, 0, 8, 1)
 """
 from __future__ import annotations
 
@@ -79,16 +82,22 @@ def addressable_runtime_device_count() -> int:
 
 
 def global_device_count() -> int:
-    return jax.device_count()
+    """torch_xla's *logical* device count: under SPMD each process has one virtual device
+    that spans its chips, so this is the process count (``global_runtime_device_count``
+    counts the chips)."""
+    return jax.process_count()
 
 
 def addressable_device_count() -> int:
-    return jax.local_device_count()
+    """1: the process's one virtual SPMD device (``addressable_runtime_device_count`` counts
+    the chips it drives)."""
+    return 1
 
 
 def local_device_count() -> int:
-    """The devices this process drives (torch_xla counts them per process as well)."""
-    return jax.local_device_count()
+    """The virtual SPMD devices on this host: ``local_process_count() *
+    addressable_device_count()``, 1 under SPMD as in torch_xla."""
+    return local_process_count() * addressable_device_count()
 
 
 def device_type() -> str:

@@ -9,7 +9,8 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Any
+import sys
+from typing import Any, TextIO
 
 import jax
 import torch
@@ -34,7 +35,7 @@ def xla_device(n: int | None = None, devkind: str | None = None) -> torch.device
     return xla_dtensor.device()
 
 
-def mark_step(wait: bool = False) -> None:
+def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
     """Cut the lazy graph and run it (``xla_dtensor.sync``); ``wait=True`` blocks until done."""
     xla_dtensor.sync(wait=wait)
 
@@ -45,9 +46,9 @@ def wait_device_ops(devices: Any = None) -> None:
 
 
 def get_xla_supported_devices(devkind: str | None = None, max_devices: int | None = None) -> list[str]:
-    """The devices of this process as ``"xla:<i>"`` strings (what torch_xla lists)."""
-    n = jax.local_device_count() if max_devices is None else min(int(max_devices), jax.local_device_count())
-    return [f"xla:{i}" for i in range(n)]
+    """``["xla:0"]``: what torch_xla lists under SPMD (the one virtual device of this process;
+    ``xr.addressable_runtime_device_count()`` counts the chips behind it)."""
+    return ["xla:0"][:None if max_devices is None else max(0, int(max_devices))]
 
 
 def xla_device_hw(device: Any) -> str:
@@ -71,16 +72,17 @@ def is_master_ordinal(local: bool = True) -> bool:
     return (xr.local_ordinal() if local else xr.global_ordinal()) == 0
 
 
-def master_print(*args: Any, **kwargs: Any) -> None:
-    """``print`` on process 0 only."""
-    if xr.global_ordinal() == 0:
-        print(*args, **kwargs)
+def master_print(*args: Any, fd: TextIO | None = None, local: bool = False, flush: bool = False) -> None:
+    """``print(*args, file=fd, flush=flush)`` on the master ordinal only (``local``: of this host)."""
+    if is_master_ordinal(local=local):
+        print(*args, file=sys.stdout if fd is None else fd, flush=flush)
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, barrier: bool = False,
-                   optimizer_args: dict[str, Any] | None = None) -> Any:
+                   optimizer_args: dict[str, Any] | None = None, groups: Any = None, pin_layout: bool = True) -> Any:
     """``optimizer.step(**optimizer_args)``; under SPMD XLA reduces the gradients inside the
-    program, so there is no separate all-reduce. ``barrier=True`` also runs ``mark_step``."""
+    program, so there is no separate all-reduce (``groups`` / ``pin_layout`` are accepted and
+    unused). ``barrier=True`` also runs ``mark_step``. Returns what ``step`` returns."""
     loss = optimizer.step(**(optimizer_args or {}))
     if barrier:
         mark_step()

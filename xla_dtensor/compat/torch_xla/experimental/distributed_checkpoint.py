@@ -14,7 +14,9 @@ Example:
     [True, False, True, True]
     >>> m.all_steps()
     [10, 20]
-    >>> sd = {"w": torch.zeros(2)}; m.restore_latest(sd), sd["w"].tolist()
+    >>> sd = {"w": torch.zeros(2)}; m.restore(10, sd), sd["w"].tolist()
+    (None, [10.0, 10.0])
+    >>> m.restore_latest(sd), sd["w"].tolist()
     (20, [20.0, 20.0])
 """
 from __future__ import annotations
@@ -31,7 +33,11 @@ from xla_dtensor.checkpoint import LoadPlanner as SPMDLoadPlanner
 from xla_dtensor.checkpoint import SavePlanner as SPMDSavePlanner
 from xla_dtensor.core.tensor import LazyTensor
 
-__all__ = ["CheckpointManager", "SPMDLoadPlanner", "SPMDSavePlanner", "prime_optimizer"]
+__all__ = ["CheckpointManager", "SPMDLoadPlanner", "SPMDSavePlanner", "UntrackedStepError", "prime_optimizer"]
+
+
+class UntrackedStepError(ValueError, AssertionError):
+    """``CheckpointManager.restore`` of a step with no complete checkpoint."""
 
 
 def _to_host(x: Any) -> Any:
@@ -51,21 +57,26 @@ class CheckpointManager:
         path: the directory holding one sub-directory per saved step.
         save_interval: ``should_save(step)`` is true for multiples of it.
         max_to_keep: keep at most this many steps (the newest); 0 keeps all.
-        async_queue_size: async saves that may be in flight before ``save_async`` waits.
+        max_pending_async: async saves that may be in flight before ``save_async`` waits
+            (``async_queue_size`` is the same, an older name).
+        num_of_threads, process_group, chkpt_on_preemption: accepted (one controller
+            process; preemption sync points are not provided).
 
     Raises:
         ValueError: a non-positive ``save_interval``, or a negative ``max_to_keep``.
     """
 
     def __init__(self, path: str | os.PathLike, save_interval: int, max_to_keep: int = 0,
-                 async_queue_size: int = 1, process_group: Any = None, chkpt_on_preemption: bool = True) -> None:
+                 max_pending_async: int = 1, num_of_threads: int = 1, process_group: Any = None,
+                 chkpt_on_preemption: bool = True, *, async_queue_size: int | None = None) -> None:
         if not isinstance(save_interval, int) or save_interval < 1:
             raise ValueError(f"save_interval must be an int >= 1, got {save_interval!r}")
         if not isinstance(max_to_keep, int) or max_to_keep < 0:
             raise ValueError(f"max_to_keep must be an int >= 0 (0: keep all), got {max_to_keep!r}")
         self.base_path, self.save_interval, self.max_to_keep = os.fspath(path), save_interval, max_to_keep
         os.makedirs(self.base_path, exist_ok=True)
-        self._slots = threading.BoundedSemaphore(max(1, int(async_queue_size)))
+        pending = max_pending_async if async_queue_size is None else async_queue_size
+        self._slots = threading.BoundedSemaphore(max(1, int(pending)))
         self._threads: list[threading.Thread] = []
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
@@ -135,23 +146,27 @@ class CheckpointManager:
         self._threads.clear()
         self._raise_failed()
 
-    def load(self, step: int, state_dict: dict[str, Any]) -> None:
+    def restore(self, step: int, state_dict: dict[str, Any]) -> None:
         """Fill ``state_dict`` in place from step ``step`` (resharded into its layouts).
 
         Raises:
-            ValueError: no complete checkpoint for ``step`` (the message lists the saved steps).
+            UntrackedStepError: (a ``ValueError`` and, as in torch_xla, an ``AssertionError``)
+                no complete checkpoint for ``step``; the message lists the saved steps.
         """
         self.join()
         if int(step) not in self.all_steps():
-            raise ValueError(f"no checkpoint for step {step} in {self.base_path}; saved steps: {self.all_steps()}")
+            raise UntrackedStepError(f"no checkpoint for step {step} in {self.base_path}; "
+                                     f"saved steps: {self.all_steps()}")
         _ckpt.load(state_dict, self._dir(step))
+
+    load = restore
 
     def restore_latest(self, state_dict: dict[str, Any]) -> int | None:
         """Load the newest step into ``state_dict``; returns that step, or ``None`` if there is none."""
         steps = self.all_steps() if not self._threads else (self.join() or self.all_steps())
         if not steps:
             return None
-        self.load(steps[-1], state_dict)
+        self.restore(steps[-1], state_dict)
         return steps[-1]
 
 

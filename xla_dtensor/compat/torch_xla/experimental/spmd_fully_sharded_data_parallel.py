@@ -1,8 +1,9 @@
 """``torch_xla.experimental.spmd_fully_sharded_data_parallel``: FSDPv2 by sharding annotations.
 
-:class:`SpmdFullyShardedDataParallel` shards each parameter's largest dim over the mesh
-axis ``"fsdp"`` and each input's and output's batch dim (dim 0) over ``"fsdp"`` (or over
-``(extra_data_axis, "fsdp")``); XLA inserts the all-gathers and reduce-scatters.
+:class:`SpmdFullyShardedDataParallel` shards each parameter's largest dim (the first of
+equal ones, even when uneven) over the mesh axis ``"fsdp"`` and each input's and output's
+batch dim (dim 0) over ``"fsdp"`` (or over ``(extra_data_axis, "fsdp")``); a parameter
+that already has an annotation keeps it. XLA inserts the all-gathers and reduce-scatters.
 ``auto_wrap_policy`` (torch FSDP's policies: ``(module, recurse, nonwrapped_numel)``)
 picks sub-modules to wrap on their own, with ``auto_wrapper_callable(module, *a, **kw)``
 (default: this class) doing the wrapping.
@@ -25,7 +26,6 @@ from torch import nn
 from xla_dtensor.compat.torch_xla.distributed.spmd._annotate import mark_sharding
 from xla_dtensor.core import device as _device
 from xla_dtensor.core.tensor import LazyTensor
-from xla_dtensor.fsdp import shard_dim
 from xla_dtensor.spmd import annotate as _A
 from xla_dtensor.spmd.module import constrain_activation
 
@@ -78,11 +78,10 @@ class SpmdFullyShardedDataParallel(nn.Module):
             _wrap_children(module, auto_wrap_policy, wrap)
         module.to(_device())
         for p in module.parameters():
-            if getattr(p, "_fsdpv2_sharded", False):
-                continue
-            d = shard_dim(tuple(p.shape), m.axis_size("fsdp"))
-            if d is None and p.dim():
-                d = max(range(p.dim()), key=lambda i: p.shape[i])  # uneven: XLA pads
+            if getattr(p, "_fsdpv2_sharded", False) or (isinstance(p, LazyTensor) and _A.sticky_spec(p) is not None):
+                continue  # wrapped by an inner FSDPv2, or annotated by the user: kept (torch_xla)
+            # NOTE: torch_xla's rule: the first largest dim, even when uneven (XLA pads)
+            d = max(range(p.dim()), key=lambda i: p.shape[i]) if p.dim() else None
             if d is not None:
                 mark_sharding(p.data, m, tuple("fsdp" if i == d else None for i in range(p.dim())), overwrite=True)
             p._fsdpv2_sharded = True
@@ -92,6 +91,19 @@ class SpmdFullyShardedDataParallel(nn.Module):
     def module(self) -> nn.Module:
         """The wrapped model."""
         return self._fsdp_wrapped_module
+
+    def __getattr__(self, name: str) -> Any:
+        """Attributes the wrapper lacks come from the wrapped model (as in torch_xla)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "_fsdp_wrapped_module":
+                raise
+            return getattr(self.module, name)
+
+    def __getitem__(self, key: int) -> nn.Module:
+        """Indexing goes to the wrapped model (an ``nn.Sequential``)."""
+        return self.module[key]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         args = tuple(_shard_batch(a, self._mesh, self._extra) for a in args)

@@ -19,8 +19,8 @@ from xla_dtensor.compat.torch_xla.distributed.spmd._mesh import (
     HybridMesh, Mesh, get_1d_mesh, get_global_mesh, set_global_mesh,
 )
 from xla_dtensor.compat.torch_xla.distributed.spmd._regions import (
-    ManualShardingError, apply_backward_optimization_barrier, disable_manual_sharding, enable_manual_sharding,
-    optimization_barrier_, shard_as,
+    ManualShardingError, _mark_manual_sharding, apply_backward_optimization_barrier, disable_manual_sharding,
+    enable_manual_sharding, optimization_barrier_, shard_as,
 )
 from xla_dtensor.compat.torch_xla.distributed.spmd._tensor import (
     XLAShard, XLAShardedTensor, unwrap_sharded_tensor, wrap_as_sharded_tensor, wrap_if_sharded,
@@ -35,5 +35,5 @@ __all__ = [
     "dynamo_mark_sharding", "enable_manual_sharding", "get_1d_mesh", "get_global_mesh", "get_sharding_spec",
     "mark_sharding", "mark_sharding_with_gradients", "optimization_barrier_", "set_global_mesh", "shard_as",
     "unwrap_sharded_tensor", "wrap_as_sharded_tensor", "wrap_if_sharded", "xla_distribute_module",
-    "xla_distribute_tensor",
+    "xla_distribute_tensor", "_mark_manual_sharding",
 ]

@@ -23,7 +23,8 @@ from xla_dtensor.core.tensor import LazyTensor, meta_of, new_tensor, value_of
 from xla_dtensor.spmd import annotate as _A
 from xla_dtensor.spmd.sharded_tensor import XLAShardedTensor as _Sharded
 
-__all__ = ["ManualShardingError", "apply_backward_optimization_barrier", "disable_manual_sharding",
+__all__ = ["ManualShardingError", "_mark_manual_sharding", "apply_backward_optimization_barrier",
+           "disable_manual_sharding",
            "enable_manual_sharding", "optimization_barrier_", "shard_as"]
 
 _BARRIER = "optimization_barrier"
@@ -47,6 +48,11 @@ def enable_manual_sharding(t: torch.Tensor, partition_spec: Sequence[Any], *, me
 
 def disable_manual_sharding(t: torch.Tensor, partition_spec: Sequence[Any], full_shape: Any, *,
                             mesh: Any = None) -> Any:
+    """Not provided; raises :class:`ManualShardingError` naming the alternatives."""
+    raise ManualShardingError(_MANUAL_HINT)
+
+
+def _mark_manual_sharding(t: torch.Tensor, mesh: Any = None) -> Any:
     """Not provided; raises :class:`ManualShardingError` naming the alternatives."""
     raise ManualShardingError(_MANUAL_HINT)
 
