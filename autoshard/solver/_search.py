@@ -12,8 +12,10 @@ moves are in :mod:`autoshard.solver._moves`):
    ``step_time`` seconds per sub-solve. Once per plan, the window turn instead takes
    every node holding memory on the rows at the limit, over each one's best few
    strategies (two, one more after each exact solve that finds nothing);
-4. *kernel*: after 8 steps without a gain, the whole problem over each node's current
-   strategy and its best few by score and by the dual's reparametrized cost ``theta``;
+4. after 4 steps without a gain, the *kernel*: the whole problem over each node's
+   current strategy and its best few by score and by the dual's reparametrized cost
+   ``theta``; when a kernel has failed on the plan, once the *memory exchange*
+   (:mod:`autoshard.solver._exchange`: a blocked cheaper move paid for by a hub's chain);
 5. *restarts* (kicks): after a long stretch without improvement, a random region of the
    best plan is re-drawn (seeded); the best plan is kept.
 """
@@ -27,6 +29,7 @@ from typing import Callable
 import numpy as np
 
 from autoshard.solver._compact import Compact
+from autoshard.solver._exchange import exchange_move
 from autoshard.solver._moves import (best_few, costly_node, Prices, State, dp_move, kernel_move,
                               lns_move, node_moves, pair_moves)
 from autoshard.solver._neighbourhood import ball, binding, window
@@ -74,9 +77,10 @@ class LocalSearch:
         self.trace = [(0.0, self.best)]
         self.stats = dict(node_moves=0, pair_moves=0, dp=0, dp_better=0, lns=0, lns_better=0,
                           lns_optimal=0, restarts=0, kernel=0, kernel_better=0, binding=0,
-                          binding_better=0)
+                          binding_better=0, exchange=0, exchange_better=0)
         self.kernel_size, self.since_gain = 2, 0
         self.binding_size, self.binding_tried = 2, None  # strategies per node; (plan, size) last tried
+        self.kernel_tried = self.exchange_tried = None  # objective of the plan each last tried
         self.last_log, self.last_gain = self.t0 - every, self.t0  # first line right away
 
     def run(self) -> SearchResult:
@@ -88,7 +92,11 @@ class LocalSearch:
             step += 1
             self.progress()
             if self.since_gain >= _KERNEL_AFTER:
-                self.kernel_step()
+                if (self.state.U is not None and self.kernel_tried == self.state.obj
+                        and self.exchange_tried != self.state.obj):
+                    self.exchange_step()
+                else:
+                    self.kernel_step()
                 continue
             if step % 4 == 0:
                 self.dp_step()
@@ -139,17 +147,31 @@ class LocalSearch:
                  f"lns {st['lns_better']}/{st['lns']} dp {st['dp_better']}/{st['dp']} "
                  f"kernel {st['kernel_better']}/{st['kernel']} "
                  f"binding {st['binding_better']}/{st['binding']} "
+                 f"exchange {st['exchange_better']}/{st['exchange']} "
                  f"budget {self.budget} restarts {st['restarts']}")
         self.last_log = now
 
     def kernel_step(self) -> None:
         """The whole problem over each node's best few strategies (size adapts)."""
         self.since_gain = 0
+        self.kernel_tried = self.state.obj
         better, optimal, _ = kernel_move(self.state, self.theta() if self.theta else None,
                                          self.kernel_size, self.whole_time(), self.seed())
         self.stats["kernel"] += 1
         self.stats["kernel_better"] += better
         self.kernel_size = self.kernel_size + 1 if optimal else max(self.kernel_size - 1, 1)
+        if better:
+            self.descend()
+        self.note()
+
+    def exchange_step(self) -> None:
+        """A blocked move paid for by a hub's chain (once per plan)."""
+        self.since_gain = 0
+        self.exchange_tried = self.state.obj
+        deadline = time.perf_counter() + self.whole_time()
+        better = exchange_move(self.state, self.rng, deadline, self.seed())
+        self.stats["exchange"] += 1
+        self.stats["exchange_better"] += better
         if better:
             self.descend()
         self.note()
