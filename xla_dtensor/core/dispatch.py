@@ -10,21 +10,36 @@ from typing import Any
 
 from xla_dtensor.core import entries as E
 from xla_dtensor.core.ir import data_leaf, getitems, make_node
+from xla_dtensor.core.optable import OpTable
 from xla_dtensor.core.signature import op_info, signature
 from xla_dtensor.core.state import STATE
 from xla_dtensor.core.tensor import LazyTensor, new_tensor, new_view, write
 from xla_dtensor.core.views import ViewStep
 from xla_dtensor.random import next_key
 
-_ENTRIES: dict[tuple, E.Entry] = {}
-_STATIC_SCALAR_OPS: set[Any] = set()  # ops whose lowering needs scalars as Python values
-SPECIAL: dict[Any, Any] = {}  # op -> handler(op, args, kwargs), filled by core.special
+class _Op:
+    """What recording needs of one op, found by ``id(op)`` in one lookup (core.optable: hashing an
+    OpOverload runs Python)."""
+
+    __slots__ = ("info", "entries", "static_scalars", "returns_list")
+
+    def __init__(self, op: Any) -> None:
+        self.info = op_info(op)
+        self.entries: dict[tuple, E.Entry] = {}  # call signature -> entry
+        self.static_scalars = False  # the lowering needs scalars as Python values
+        rets = op._schema.returns
+        self.returns_list = len(rets) == 1 and str(rets[0].type) == "List[Tensor]"
+
+
+_ENTRIES: dict[int, _Op] = {}  # id(op) -> its recording state
+SPECIAL = OpTable()  # op -> handler(op, args, kwargs), filled by core.special
+_SPECIAL = SPECIAL.by_id
 _KEY_META = ((2,), "key")
 
 
 def dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
     """Record ``op`` (a special handler's way, else one IR node); in eager mode, compute it now."""
-    special = SPECIAL.get(op)
+    special = _SPECIAL.get(id(op))
     res = record(op, args, kwargs) if special is None else special(op, args, kwargs)
     if STATE.consing:  # NOTE: off exactly while the op runs at once (eager mode, not tracing for compile)
         return res
@@ -33,31 +48,34 @@ def dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
 
 def record(op: Any, args: tuple, kwargs: dict) -> Any:
     """Record ``op`` as one IR node (:func:`dispatch` without the special handlers)."""
-    info = op_info(op)
-    scalars = op not in _STATIC_SCALAR_OPS
+    st = _ENTRIES.get(id(op))
+    if st is None:
+        st = _ENTRIES[id(op)] = _Op(op)
+    info = st.info
+    scalars = not st.static_scalars
     dyn: list = []
     sig = signature(args, kwargs, info, scalars, dyn)
-    key = (op, sig)
-    entry = _ENTRIES.get(key)
+    entry = st.entries.get(sig)
     if entry is None:
+        key = (op, sig)
         if info.out_kw:
             from xla_dtensor.core import out_variants
             return out_variants.run(op, info, args, kwargs)
         entry = E.build(op, args, kwargs, info, key, scalars)
         if entry is None:  # the lowering wants Python scalars: record with static scalars
-            _STATIC_SCALAR_OPS.add(op)
+            st.static_scalars = True
             return record(op, args, kwargs)
-        _ENTRIES[key] = entry
+        st.entries[sig] = entry
     kind = entry.kind
     if kind is E.FALLBACK:
         from xla_dtensor.core.fallback import run_on_cpu
         return run_on_cpu(op, args, kwargs)
     if entry.random:
         dyn.insert(0, data_leaf(next_key(), *_KEY_META))
-    node = make_node(op, key, entry.h, tuple(dyn), entry.fn)
+    node = make_node(op, entry.key, entry.h, tuple(dyn), entry.fn)
     if kind is E.FN:
         outs = entry.outs
-        if len(outs) == 1 and not _returns_list(op):
+        if len(outs) == 1 and not st.returns_list:
             return new_tensor(outs[0], node)
         return _wrap_many(op, outs, node)
     if kind is E.VIEW:
@@ -65,15 +83,17 @@ def record(op: Any, args: tuple, kwargs: dict) -> Any:
     return _inplace(op, info, entry, node, args, kwargs)
 
 
-_LIST_RET: dict[Any, bool] = {}
-
-
 def _returns_list(op: Any) -> bool:
-    r = _LIST_RET.get(op)
-    if r is None:
-        rets = op._schema.returns
-        r = _LIST_RET[op] = len(rets) == 1 and str(rets[0].type) == "List[Tensor]"
-    return r
+    st = _ENTRIES.get(id(op))
+    if st is None:
+        st = _ENTRIES[id(op)] = _Op(op)
+    return st.returns_list
+
+
+def entry_for(key: tuple) -> E.Entry | None:
+    """The recorded entry of node key ``key`` (``(op, signature)``), or None."""
+    st = _ENTRIES.get(id(key[0]))
+    return None if st is None else st.entries.get(key[1])
 
 
 def _wrap_many(op: Any, outs: list, node: Any) -> Any:

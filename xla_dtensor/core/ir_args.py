@@ -57,7 +57,7 @@ def is_op(node: Node) -> bool:
 
 def entry(node: Node) -> Any:
     """The signature entry the node was recorded from (its output metadata and kind)."""
-    e = _dispatch._ENTRIES.get(node.key)
+    e = _dispatch.entry_for(node.key)
     if e is None:
         raise KeyError(f"no signature entry for IR node {node!r} (op {node.op})")
     return e

@@ -41,13 +41,13 @@ class OpInfo:
         self.view = bool(rets) and not self.mutated and any(self.returns_alias)
 
 
-_INFOS: dict[Any, OpInfo] = {}
+_INFOS: dict[int, OpInfo] = {}  # id(op) -> its info (which holds the op): see core.optable
 
 
 def op_info(op: Any) -> OpInfo:
-    info = _INFOS.get(op)
+    info = _INFOS.get(id(op))
     if info is None:
-        info = _INFOS[op] = OpInfo(op)
+        info = _INFOS[id(op)] = OpInfo(op)
     return info
 
 
@@ -66,7 +66,7 @@ def _cpu_scalar_leaf(t: torch.Tensor) -> Node:
 def _arg(a: Any, scal: bool, dyn: list[Node]) -> Any:
     tp = type(a)
     if tp is LazyTensor:
-        dyn.append(value_of(a))
+        dyn.append(value_of(a) if a._chain else a._storage.value)  # (a root's value, inlined)
         return a._meta
     if tp is float or tp is int or tp is complex:
         if scal and a != 0 and a != 1:

@@ -99,7 +99,8 @@ def enter(args: tuple) -> int:
     else:
         owner = _inherit(args) or t.last
         t.last = owner
-    install_for(owner)
+    if STATE.modes or STATE.eager_state is not None:
+        install_for(owner)
     return owner
 
 

@@ -44,6 +44,7 @@ from xla_dtensor.core.tensor import LazyTensor, value_of
 from xla_dtensor.sharding import ShardingSpec, shard_indices
 from xla_dtensor.spmd import annotate as A
 from xla_dtensor.core import layout as L
+from xla_dtensor.core.dispatch import dispatch
 from xla_dtensor.spmd import relayout as R
 from xla_dtensor.spmd.errors import MeshDevicesError
 
@@ -75,7 +76,6 @@ class XLAShardedTensor(LazyTensor, DTensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
-        from xla_dtensor.core.dispatch import dispatch
         if func is _EMPTY_LIKE or func is _COPY:  # layout-keeping allocation and shard-by-shard host copies
             res = _keep_layout(func, args, kwargs or {})
             if res is not None:
@@ -86,7 +86,7 @@ class XLAShardedTensor(LazyTensor, DTensor):
             res = dispatch(func, args, kwargs or {})
         finally:
             out.cls = prev
-        return _rewrap(res)  # what is still plain: a plain input returned (in-place ops)
+        return res if type(res) is XLAShardedTensor else _rewrap(res)  # a plain input returned (in-place ops)
 
     @staticmethod
     def wrap(t: LazyTensor) -> XLAShardedTensor:
