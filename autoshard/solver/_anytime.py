@@ -64,8 +64,9 @@ class AnytimeSettings:
     max_elite: int = 8              # run ends merged at once: 654 strategies on V, 0.1 s
     merge_share: float = 0.05       # time of a merge: 5% of the limit, at least 2 s
     merge_min: float = 2.0
-    first_dual_share: float = 0.03  # first bound and kernel ranking: 3% of the limit, at most 10 s
-    first_dual_max: float = 10.0
+    first_dual_share: float | None = None  # first bound and kernel ranking; None: 3% of the limit
+    #   alone, 20% with workers (they search from the start; M's jump waits for the bound)
+    first_dual_max: float | None = None    # ... at most 10 s alone, 20 s with workers
     reserve_share: float = 0.1      # the deep kernel leaves 10% of the limit to the polish after it
     kernel_strategies: int = 2      # per node in the dual-cost kernels: 3-6 are not solved in 30 s on M
     polish_jump: float = 0.01       # a kernel moving the plan 1% gets a full search chunk next
@@ -130,6 +131,10 @@ class AnytimeSearch:
         s = settings
         if s.hot_share is None:  # workers search: this process can give the dual more
             s = replace(s, hot_share=0.85 if workers > 1 else 0.6)
+        if s.first_dual_share is None:
+            s = replace(s, first_dual_share=0.2 if workers > 1 else 0.03)
+        if s.first_dual_max is None:
+            s = replace(s, first_dual_max=20.0 if workers > 1 else 10.0)
         if s.chunk is None:
             s = replace(s, chunk=min(max(s.chunk_range[0], s.chunk_share * time_limit), s.chunk_range[1]))
         if s.restart_after is None:

@@ -22,7 +22,7 @@ from autoshard.solver._memory import MemoryRows
 from autoshard.solver._presolve import Reduced
 
 __all__ = ["Compact", "from_reduced", "restrict", "fold_fixed", "arc_consistency", "simplify",
-           "plan_of", "x_of", "objective", "usage", "entry_index", "Infeasible"]
+           "plan_of", "x_of", "objective", "usage", "entry_index", "memory_ok", "Infeasible"]
 
 
 class Infeasible(Exception):
@@ -256,3 +256,22 @@ def usage(cp: Compact, x: np.ndarray) -> np.ndarray:
     np.add.at(diff, cp.tlo[on], cp.tcoef[on])
     np.add.at(diff, cp.thi[on], -cp.tcoef[on])
     return cp.base + np.cumsum(diff)[:-1]
+
+
+def memory_ok(cp: Compact) -> list[np.ndarray | None]:
+    """Per node: ``ok[p, q]`` = no member uses more memory under q than under p."""
+    out: list[np.ndarray | None] = [None] * cp.n
+    if cp.tg.size == 0:
+        return out
+    u = cp.node_of[cp.tg]
+    order = np.lexsort((cp.tv, u))
+    u, v, j, c = u[order], cp.tv[order], (cp.tg - cp.off[cp.node_of[cp.tg]])[order], cp.tcoef[order]
+    starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]])
+    ends = np.r_[starts[1:], u.size]
+    for s, e in zip(starts.tolist(), ends.tolist()):
+        node = int(u[s])
+        _, mi = np.unique(v[s:e], return_inverse=True)
+        C = np.zeros((int(mi.max()) + 1, int(cp.k[node])))
+        np.add.at(C, (mi, j[s:e]), c[s:e])
+        out[node] = (C[:, None, :] <= C[:, :, None]).all(axis=0)
+    return out

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from autoshard.solver._compact import Compact, from_reduced, restrict
+from autoshard.solver._compact import Compact, from_reduced, memory_ok, restrict
 from autoshard.solver._contract import contract
 from autoshard.solver._memory import MemoryRows
 from autoshard.solver._presolve import Reduced
@@ -33,25 +33,6 @@ def _edge_gain(block: np.ndarray) -> np.ndarray:
     return d.max(axis=2) if block.shape[1] else np.zeros((block.shape[0],) * 2)
 
 
-def _memory_ok(cp: Compact) -> list[np.ndarray | None]:
-    """Per node: ``ok[p, q]`` = no member uses more memory under q than under p."""
-    out: list[np.ndarray | None] = [None] * cp.n
-    if cp.tg.size == 0:
-        return out
-    u = cp.node_of[cp.tg]
-    order = np.lexsort((cp.tv, u))
-    u, v, j, c = u[order], cp.tv[order], (cp.tg - cp.off[cp.node_of[cp.tg]])[order], cp.tcoef[order]
-    starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]])
-    ends = np.r_[starts[1:], u.size]
-    for s, e in zip(starts.tolist(), ends.tolist()):
-        node = int(u[s])
-        _, mi = np.unique(v[s:e], return_inverse=True)
-        C = np.zeros((int(mi.max()) + 1, int(cp.k[node])))
-        np.add.at(C, (mi, j[s:e]), c[s:e])
-        out[node] = (C[:, None, :] <= C[:, :, None]).all(axis=0)
-    return out
-
-
 def dominated(cp: Compact) -> np.ndarray:
     """Mask over global strategies: True where another strategy of the node dominates it."""
     D = []
@@ -63,7 +44,7 @@ def dominated(cp: Compact) -> np.ndarray:
         block = cp.W[cp.ebase[e]:cp.ebase[e + 1]].reshape(cp.k[u], cp.k[v])
         D[u] += _edge_gain(block)
         D[v] += _edge_gain(block.T)
-    mem = _memory_ok(cp)
+    mem = memory_ok(cp)
     out = np.zeros(int(cp.off[-1]), bool)
     for u in range(cp.n):
         dom = D[u] <= 0

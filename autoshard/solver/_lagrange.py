@@ -201,8 +201,13 @@ class Dual:
                 return
         self.set_prices(self.lam + step * g)
 
-    def run(self, seconds: float, incumbent: float = math.inf, price_every: int = 5) -> float:
-        """Sweeps (and price steps) for ``seconds``; returns the best bound seen."""
+    def run(self, seconds: float, incumbent: float = math.inf, price_every: int = 20) -> float:
+        """Sweeps (and price steps) for ``seconds``; returns the best bound seen.
+
+        A price step costs about as much as a sweep (decode, bound, edge minima): every
+        20 sweeps rather than 5, IOPDDL M's bound after 30 s is 4.924e10 instead of
+        4.880e10 (the kernel jump needs about 4.91e10); 40 was as good, 2 worse.
+        """
         t_end = time.perf_counter() + seconds
         i = 0
         while time.perf_counter() < t_end:

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from autoshard.solver._compact import Compact, _offsets, entry_index
+from autoshard.solver._compact import Compact, _offsets, entry_index, memory_ok
 
 __all__ = ["Space", "RangeMax"]
 
@@ -79,26 +79,9 @@ class Space:
         self.t_lo, self.t_hi, self.t_coef = cp.tlo[o], cp.thi[o], cp.tcoef[o]
         self.t_g, self.t_v = cp.tg[o], cp.tv[o]
         self.tptr = np.searchsorted(self.t_g, np.arange(int(cp.off[-1]) + 1))
-        self.safe = self._safe_moves()
+        # per node, safe[p, q]: moving p -> q raises no member's memory (None: all)
+        self.safe = memory_ok(cp) if self.limit is not None else [None] * self.n
         self.entries = entry_index(cp.k, cp.off, cp.eu, cp.ev, cp.ebase)  # (edge, row g, col g)
-
-    def _safe_moves(self) -> list[np.ndarray | None]:
-        """Per node, ``safe[p, q]``: moving p -> q raises no member's memory (None: all)."""
-        out: list[np.ndarray | None] = [None] * self.n
-        if self.limit is None or self.t_g.size == 0:
-            return out
-        u = self.node_of[self.t_g]
-        order = np.lexsort((self.t_v, u))
-        u, v = u[order], self.t_v[order]
-        j, c = (self.t_g - self.off[self.node_of[self.t_g]])[order], self.t_coef[order]
-        starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]])
-        for s, e in zip(starts.tolist(), np.r_[starts[1:], u.size].tolist()):
-            node = int(u[s])
-            _, mi = np.unique(v[s:e], return_inverse=True)
-            C = np.zeros((int(mi.max()) + 1, int(self.k[node])))
-            np.add.at(C, (mi, j[s:e]), c[s:e])
-            out[node] = (C[:, None, :] <= C[:, :, None]).all(axis=0)
-        return out
 
     def scores(self, x: np.ndarray) -> np.ndarray:
         """Cost of every strategy given the other nodes' choices in ``x``."""
