@@ -231,7 +231,7 @@ class AnytimeSearch:
         dual = self.dual
         res = search(self.compact, run.x, min(self._chunk_lengths()[0], self.left()),
                      seed=self.seed + s.chunk_seed_stride * self.chunks, log=self.log,
-                     bound=self.bound_now, every=s.every, sp=self.space,
+                     bound=self.bound_now, every=s.every, space=self.space,
                      budget=min(run.budget, s.max_budget), max_budget=s.max_budget,
                      theta=lambda: dual.theta_at_best() if dual.snap is not None else None,
                      stop_at=self.bound_now() + 1e-9 * max(abs(self.best), 1.0), kicks=not near_run,

@@ -52,23 +52,23 @@ class CompactResult:
     seconds: float
 
 
-def _rows_subset(cp: Compact, rows: np.ndarray) -> MemoryRows:
+def _rows_subset(compact: Compact, rows: np.ndarray) -> MemoryRows:
     """The memory terms restricted to kept rows ``rows`` (sorted), re-indexed 0..len-1."""
-    lo, hi = np.searchsorted(rows, cp.tlo), np.searchsorted(rows, cp.thi)
+    lo, hi = np.searchsorted(rows, compact.tlo), np.searchsorted(rows, compact.thi)
     t = lo < hi
     z = np.zeros(0)
-    return MemoryRows(rows, cp.base[rows], cp.tg[t], cp.tcoef[t], lo[t], hi[t], z, 0.0)
+    return MemoryRows(rows, compact.base[rows], compact.tg[t], compact.tcoef[t], lo[t], hi[t], z, 0.0)
 
 
-def build_compact_model(cp: Compact, rows: np.ndarray | None = None, form: str = "auto") -> Model:
-    """The MIP of ``cp`` with memory rows ``rows`` (all kept rows if None)."""
-    G = int(cp.off[-1])
-    e, r, c = entry_index(cp.k, cp.off, cp.eu, cp.ev, cp.ebase)
-    fin = np.flatnonzero(np.isfinite(cp.W))
-    e, r, c, w = e[fin], r[fin], c[fin], cp.W[fin]
+def build_compact_model(compact: Compact, rows: np.ndarray | None = None, form: str = "auto") -> Model:
+    """The MIP of ``compact`` with memory rows ``rows`` (all kept rows if None)."""
+    G = int(compact.off[-1])
+    e, r, c = entry_index(compact.k, compact.off, compact.eu, compact.ev, compact.ebase)
+    fin = np.flatnonzero(np.isfinite(compact.W))
+    e, r, c, w = e[fin], r[fin], c[fin], compact.W[fin]
     acc = _Rows()
-    first = acc.new(cp.n, 1.0, 1.0)
-    acc.add(first + cp.node_of, np.arange(G), 1.0)
+    first = acc.new(compact.n, 1.0, 1.0)
+    acc.add(first + compact.node_of, np.arange(G), 1.0)
     evar = G + np.arange(fin.size)
     for side in (r, c):
         key, inv = np.unique(e * G + side, return_inverse=True)
@@ -76,44 +76,44 @@ def build_compact_model(cp: Compact, rows: np.ndarray | None = None, form: str =
         acc.add(f0 + inv, evar, 1.0)
         acc.add(f0 + np.arange(key.size), key % G, -1.0)
     nvar, nm, mform = G + fin.size, 0, "none"
-    if cp.limit is not None and cp.R:
-        mem = _rows_subset(cp, np.arange(cp.R) if rows is None else np.asarray(rows, np.int64))
+    if compact.limit is not None and compact.R:
+        mem = _rows_subset(compact, np.arange(compact.R) if rows is None else np.asarray(rows, np.int64))
         if mem.num_rows:
             mform = form
             if form == "auto":
                 inc = 2 * mem.coef.size + 3 * mem.num_rows
                 mform = "direct" if mem.nnz_direct() <= max(4 * inc, 300_000) else "incremental"
-            nm = _memory(acc, mem, np.arange(G), nvar, cp.limit, None, mform, cp.limit or 1.0)
+            nm = _memory(acc, mem, np.arange(G), nvar, compact.limit, None, mform, compact.limit or 1.0)
     num = nvar + nm
     lb, ub = np.zeros(num), np.ones(num)
     if nm:
-        ub[nvar:] = (cp.limit - mem.base) / (cp.limit or 1.0)
-    ub[:G][~np.isfinite(cp.cost)] = 0.0
+        ub[nvar:] = (compact.limit - mem.base) / (compact.limit or 1.0)
+    ub[:G][~np.isfinite(compact.cost)] = 0.0
     obj = np.zeros(num)
-    obj[:G], obj[G:nvar] = np.where(np.isfinite(cp.cost), cp.cost, 0.0), w
+    obj[:G], obj[G:nvar] = np.where(np.isfinite(compact.cost), compact.cost, 0.0), w
     top = float(np.abs(obj).max()) if num else 0.0
     scale = top / 1e4 if top > 0 else 1.0
     matrix, clb, cub = acc.csr(num)
     return Model(lb, ub, obj / scale, clb, cub, matrix, np.arange(G), int(fin.size), scale,
-                 cp.const, mform)
+                 compact.const, mform)
 
 
-def _x_from(cp: Compact, sol: np.ndarray) -> np.ndarray:
-    if cp.n == 0:  # nothing to choose (an empty neighbourhood)
+def _x_from(compact: Compact, sol: np.ndarray) -> np.ndarray:
+    if compact.n == 0:  # nothing to choose (an empty neighbourhood)
         return np.zeros(0, np.int64)
-    s = sol[:int(cp.off[-1])]
-    node_of = cp.node_of
+    s = sol[:int(compact.off[-1])]
+    node_of = compact.node_of
     order = np.lexsort((-s, node_of))
     head = np.r_[True, node_of[order][1:] != node_of[order][:-1]]
-    return order[head] - cp.off[:-1]
+    return order[head] - compact.off[:-1]
 
 
-def _hint(cp: Compact, model: Model, x: np.ndarray) -> np.ndarray:
+def _hint(compact: Compact, model: Model, x: np.ndarray) -> np.ndarray:
     """Values of the strategy variables only (the backend completes the rest)."""
-    G = int(cp.off[-1])
+    G = int(compact.off[-1])
     hint = np.full(model.lb.size, np.nan)
     on = np.zeros(G)
-    on[cp.off[:-1] + x] = 1.0
+    on[compact.off[:-1] + x] = 1.0
     hint[:G] = on
     return hint
 
@@ -130,27 +130,27 @@ def _new_rows(U: np.ndarray, limit: float, batch: int) -> np.ndarray:
     return cand[np.argsort(-U[cand], kind="stable")[:batch]]
 
 
-def solve_compact(cp: Compact, time_limit: float, x0: np.ndarray | None = None, *,
+def solve_compact(compact: Compact, time_limit: float, x0: np.ndarray | None = None, *,
                   rows: np.ndarray | None = None, rel_gap: float = 1e-9, batch: int = 60,
                   seed: int = 0, solver: str = "scip", lean: bool = True, form: str = "auto",
                   log: Callable[[str], None] | None = None) -> CompactResult:
-    """Solve ``cp`` exactly (up to ``rel_gap``) within ``time_limit`` seconds.
+    """Solve ``compact`` exactly (up to ``rel_gap``) within ``time_limit`` seconds.
 
     ``x0``: a plan that fits memory (hint and fallback). ``rows``: initial memory rows
     (default: all rows when they are few, else ``x0``'s fullest rows, or none).
     """
     t0 = time.perf_counter()
-    has_mem = cp.limit is not None and cp.R > 0
+    has_mem = compact.limit is not None and compact.R > 0
     best_x, best_obj = None, math.inf
-    if x0 is not None and (not has_mem or (usage(cp, x0) <= cp.limit).all()):
-        best_x, best_obj = x0, objective(cp, x0)
-    if rows is None and has_mem and int(np.sum(cp.thi - cp.tlo)) <= 300_000:
-        rows = np.arange(cp.R)
+    if x0 is not None and (not has_mem or (usage(compact, x0) <= compact.limit).all()):
+        best_x, best_obj = x0, objective(compact, x0)
+    if rows is None and has_mem and int(np.sum(compact.thi - compact.tlo)) <= 300_000:
+        rows = np.arange(compact.R)
     if rows is None:
         rows = np.zeros(0, np.int64)
         if has_mem and x0 is not None:
-            U = usage(cp, x0)
-            rows = np.sort(np.argsort(-U, kind="stable")[:min(batch, cp.R)])
+            U = usage(compact, x0)
+            rows = np.sort(np.argsort(-U, kind="stable")[:min(batch, compact.R)])
     rows = np.unique(np.asarray(rows, np.int64))
     bound, solves, optimal, status = -math.inf, 0, False, "NOT_RUN"
     params = {"scip": _SCIP.format(gap=rel_gap, seed=seed) + (_SCIP_LEAN if lean else ""),
@@ -161,9 +161,9 @@ def solve_compact(cp: Compact, time_limit: float, x0: np.ndarray | None = None, 
         left = time_limit - (time.perf_counter() - t0)
         if left <= 0.05:
             break
-        model = build_compact_model(cp, rows if has_mem else None, form)
+        model = build_compact_model(compact, rows if has_mem else None, form)
         # NOTE: OR-tools 9.15's HiGHS interface segfaults on some hinted models
-        hint = _hint(cp, model, best_x) if best_x is not None and solver != "highs" else None
+        hint = _hint(compact, model, best_x) if best_x is not None and solver != "highs" else None
         res = solve_model(model, solver, left, integer=True, hint=hint, params=params)
         solves, status = solves + 1, res.status
         if res.status == "OPTIMAL" or res.x is not None:
@@ -173,17 +173,17 @@ def solve_compact(cp: Compact, time_limit: float, x0: np.ndarray | None = None, 
             break
         if res.x is None:
             break
-        x = _x_from(cp, res.x)
-        U = usage(cp, x) if has_mem else None
-        if U is not None and (U > cp.limit).any():
-            add = np.setdiff1d(_new_rows(U, cp.limit, batch), rows)
+        x = _x_from(compact, res.x)
+        U = usage(compact, x) if has_mem else None
+        if U is not None and (U > compact.limit).any():
+            add = np.setdiff1d(_new_rows(U, compact.limit, batch), rows)
             if add.size == 0:  # overflow within the backend's tolerance on rows it has
                 break
             if log:
-                log(f"memory rows: {rows.size} + {add.size} (overflow {U.max() - cp.limit:.4g})")
+                log(f"memory rows: {rows.size} + {add.size} (overflow {U.max() - compact.limit:.4g})")
             rows = np.union1d(rows, add)
             continue
-        obj = objective(cp, x)
+        obj = objective(compact, x)
         if obj < best_obj:
             best_x, best_obj = x, obj
         optimal = res.status == "OPTIMAL"
@@ -192,53 +192,53 @@ def solve_compact(cp: Compact, time_limit: float, x0: np.ndarray | None = None, 
                          time.perf_counter() - t0)
 
 
-def lp_dive(cp: Compact, time_limit: float, x0: np.ndarray, *, batch: int = 60,
+def lp_dive(compact: Compact, time_limit: float, x0: np.ndarray, *, batch: int = 60,
             seed: int = 0) -> CompactResult:
     """A good plan (no proof) from the LP relaxation: GLOP, then the nodes the LP leaves
     fractional re-solved by the MIP over their LP support (others fixed at the LP's
     choice). IOPDDL M kernel (10,061 strategies): GLOP 3.5 s with 4 fractional nodes,
     where SCIP took 82 s for the same optimum. ``x0`` (fits memory) is the fallback."""
     t0 = time.perf_counter()
-    has_mem = cp.limit is not None and cp.R > 0
-    best_x, best_obj = x0, objective(cp, x0)
+    has_mem = compact.limit is not None and compact.R > 0
+    best_x, best_obj = x0, objective(compact, x0)
     rows = np.zeros(0, np.int64)
     if has_mem:
-        U = usage(cp, x0)
-        rows = np.sort(np.argsort(-U, kind="stable")[:min(batch, cp.R)])
-    G, solves, status = int(cp.off[-1]), 0, "NOT_RUN"
+        U = usage(compact, x0)
+        rows = np.sort(np.argsort(-U, kind="stable")[:min(batch, compact.R)])
+    G, solves, status = int(compact.off[-1]), 0, "NOT_RUN"
     while time.perf_counter() - t0 < time_limit - 0.05:
-        model = build_compact_model(cp, rows if has_mem else None)
+        model = build_compact_model(compact, rows if has_mem else None)
         res = solve_model(model, "glop", time_limit - (time.perf_counter() - t0), integer=False)
         solves, status = solves + 1, res.status
         if res.x is None:
             break
         s = res.x[:G]
-        x = _x_from(cp, res.x)
-        frac = np.flatnonzero(np.maximum.reduceat(s, cp.off[:-1]) < 1 - 1e-6)
+        x = _x_from(compact, res.x)
+        frac = np.flatnonzero(np.maximum.reduceat(s, compact.off[:-1]) < 1 - 1e-6)
         if frac.size:  # small MIP: fractional nodes over their LP support
             keep = np.zeros(G, bool)
-            keep[cp.off[:-1] + x] = True
-            isf = np.zeros(cp.n, bool)
+            keep[compact.off[:-1] + x] = True
+            isf = np.zeros(compact.n, bool)
             isf[frac] = True
-            keep |= isf[cp.node_of] & (s > 1e-6)
-            keep[cp.off[:-1] + x0] |= isf
-            sub = restrict(cp, keep)
+            keep |= isf[compact.node_of] & (s > 1e-6)
+            keep[compact.off[:-1] + x0] |= isf
+            sub = restrict(compact, keep)
             kg = np.flatnonzero(keep)
             r = solve_compact(sub, time_limit - (time.perf_counter() - t0), None, rows=rows,
                               seed=seed)
             solves += r.solves
             if r.x is None:
                 break
-            x = kg[sub.off[:-1] + r.x] - cp.off[:-1]
+            x = kg[sub.off[:-1] + r.x] - compact.off[:-1]
         if has_mem:
-            U = usage(cp, x)
-            if (U > cp.limit).any():
-                add = np.setdiff1d(_new_rows(U, cp.limit, batch), rows)
+            U = usage(compact, x)
+            if (U > compact.limit).any():
+                add = np.setdiff1d(_new_rows(U, compact.limit, batch), rows)
                 if add.size == 0:
                     break
                 rows = np.union1d(rows, add)
                 continue
-        obj = objective(cp, x)
+        obj = objective(compact, x)
         if obj < best_obj:
             best_x, best_obj = x, obj
         break

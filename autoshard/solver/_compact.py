@@ -118,41 +118,43 @@ def from_reduced(red: Reduced, mem: MemoryRows | None, limit: float | None) -> C
                    tv, comp, fixed0, vmap_off, vmap)
 
 
-def restrict(cp: Compact, keep: np.ndarray) -> Compact:
+def restrict(compact: Compact, keep: np.ndarray) -> Compact:
     """Keep only strategies with ``keep[g]``; raises :class:`Infeasible` if a node loses all."""
     if keep.all():
-        return cp
-    k2 = np.bincount(cp.node_of, weights=keep, minlength=cp.n).astype(np.int64)
+        return compact
+    k2 = np.bincount(compact.node_of, weights=keep, minlength=compact.n).astype(np.int64)
     if (k2 == 0).any():
         raise Infeasible(f"compact node {int(np.argmin(k2))} has no strategy left")
     off2 = _offsets(k2)
     new = np.cumsum(keep) - 1
-    _, r, c = entry_index(cp.k, cp.off, cp.eu, cp.ev, cp.ebase)
-    W2 = cp.W[keep[r] & keep[c]]
-    tk = keep[cp.tg]
+    _, r, c = entry_index(compact.k, compact.off, compact.eu, compact.ev, compact.ebase)
+    W2 = compact.W[keep[r] & keep[c]]
+    tk = keep[compact.tg]
     # vmap: original node v keeps the entries of its compact node's kept strategies
-    v_of = np.repeat(np.arange(cp.comp.size), np.diff(cp.vmap_off))
-    j = np.arange(cp.vmap.size) - cp.vmap_off[v_of]
-    vkeep = keep[cp.off[cp.comp[v_of]] + j] if cp.vmap.size else np.zeros(0, bool)
-    vk2 = np.where(cp.comp >= 0, k2[np.maximum(cp.comp, 0)], 0)
-    return replace(cp, k=k2, off=off2, cost=cp.cost[keep], ebase=_offsets(k2[cp.eu] * k2[cp.ev]),
-                   W=W2, tg=new[cp.tg[tk]], tcoef=cp.tcoef[tk], tlo=cp.tlo[tk], thi=cp.thi[tk],
-                   tv=cp.tv[tk], vmap_off=_offsets(vk2), vmap=cp.vmap[vkeep])
+    v_of = np.repeat(np.arange(compact.comp.size), np.diff(compact.vmap_off))
+    j = np.arange(compact.vmap.size) - compact.vmap_off[v_of]
+    vkeep = keep[compact.off[compact.comp[v_of]] + j] if compact.vmap.size else np.zeros(0, bool)
+    vk2 = np.where(compact.comp >= 0, k2[np.maximum(compact.comp, 0)], 0)
+    return replace(compact, k=k2, off=off2, cost=compact.cost[keep],
+                   ebase=_offsets(k2[compact.eu] * k2[compact.ev]),
+                   W=W2, tg=new[compact.tg[tk]], tcoef=compact.tcoef[tk], tlo=compact.tlo[tk],
+                   thi=compact.thi[tk],
+                   tv=compact.tv[tk], vmap_off=_offsets(vk2), vmap=compact.vmap[vkeep])
 
 
-def arc_consistency(cp: Compact) -> np.ndarray:
+def arc_consistency(compact: Compact) -> np.ndarray:
     """Strategies with finite cost and a finite entry against a kept partner on every edge."""
-    keep = np.isfinite(cp.cost)
-    if cp.m == 0:
+    keep = np.isfinite(compact.cost)
+    if compact.m == 0:
         return keep
-    e, r, c = entry_index(cp.k, cp.off, cp.eu, cp.ev, cp.ebase)
-    fin = np.isfinite(cp.W)
-    ku, kv = cp.k[cp.eu], cp.k[cp.ev]
+    e, r, c = entry_index(compact.k, compact.off, compact.eu, compact.ev, compact.ebase)
+    fin = np.isfinite(compact.W)
+    ku, kv = compact.k[compact.eu], compact.k[compact.ev]
     rb, cb = _offsets(ku), _offsets(kv)
-    rid = rb[e] + r - cp.off[cp.eu][e]
-    cid = cb[e] + c - cp.off[cp.ev][e]
-    row_g = np.repeat(cp.off[cp.eu], ku) + np.arange(int(rb[-1])) - np.repeat(rb[:-1], ku)
-    col_g = np.repeat(cp.off[cp.ev], kv) + np.arange(int(cb[-1])) - np.repeat(cb[:-1], kv)
+    rid = rb[e] + r - compact.off[compact.eu][e]
+    cid = cb[e] + c - compact.off[compact.ev][e]
+    row_g = np.repeat(compact.off[compact.eu], ku) + np.arange(int(rb[-1])) - np.repeat(rb[:-1], ku)
+    col_g = np.repeat(compact.off[compact.ev], kv) + np.arange(int(cb[-1])) - np.repeat(cb[:-1], kv)
     while True:
         ok = fin & keep[r] & keep[c]
         rs = np.bincount(rid, weights=ok, minlength=int(rb[-1])) > 0
@@ -164,114 +166,118 @@ def arc_consistency(cp: Compact) -> np.ndarray:
         keep[kill] = False
 
 
-def fold_fixed(cp: Compact) -> Compact:
+def fold_fixed(compact: Compact) -> Compact:
     """Nodes with one strategy become constants (costs, edges into neighbours, memory to base)."""
-    one = cp.k == 1
+    one = compact.k == 1
     if not one.any():
-        return cp
-    e, r, c = entry_index(cp.k, cp.off, cp.eu, cp.ev, cp.ebase)
-    fu, fv = one[cp.eu][e], one[cp.ev][e]
-    cost = cp.cost.copy()
-    const = cp.const + float(np.sum(cp.cost[cp.off[:-1][one]]))
-    const += float(np.sum(cp.W[fu & fv]))
-    np.add.at(cost, c[fu & ~fv], cp.W[fu & ~fv])
-    np.add.at(cost, r[fv & ~fu], cp.W[fv & ~fu])
-    base = cp.base.copy()
-    tf = one[cp.node_of[cp.tg]] if cp.tg.size else np.zeros(0, bool)
+        return compact
+    e, r, c = entry_index(compact.k, compact.off, compact.eu, compact.ev, compact.ebase)
+    fu, fv = one[compact.eu][e], one[compact.ev][e]
+    cost = compact.cost.copy()
+    const = compact.const + float(np.sum(compact.cost[compact.off[:-1][one]]))
+    const += float(np.sum(compact.W[fu & fv]))
+    np.add.at(cost, c[fu & ~fv], compact.W[fu & ~fv])
+    np.add.at(cost, r[fv & ~fu], compact.W[fv & ~fu])
+    base = compact.base.copy()
+    tf = one[compact.node_of[compact.tg]] if compact.tg.size else np.zeros(0, bool)
     if tf.any():
-        diff = np.zeros(cp.R + 1)
-        np.add.at(diff, cp.tlo[tf], cp.tcoef[tf])
-        np.add.at(diff, cp.thi[tf], -cp.tcoef[tf])
+        diff = np.zeros(compact.R + 1)
+        np.add.at(diff, compact.tlo[tf], compact.tcoef[tf])
+        np.add.at(diff, compact.thi[tf], -compact.tcoef[tf])
         base += np.cumsum(diff)[:-1]
     keep_n = ~one
     newid = np.cumsum(keep_n) - 1
-    keep_e = keep_n[cp.eu] & keep_n[cp.ev]
-    keep_g = keep_n[cp.node_of]
+    keep_e = keep_n[compact.eu] & keep_n[compact.ev]
+    keep_g = keep_n[compact.node_of]
     # original nodes of folded compact nodes get their (single) strategy
-    comp, fixed0 = cp.comp.copy(), cp.fixed0.copy()
+    comp, fixed0 = compact.comp.copy(), compact.fixed0.copy()
     vin = (comp >= 0) & one[np.maximum(comp, 0)]
-    fixed0[vin] = cp.vmap[cp.vmap_off[:-1][vin]]
+    fixed0[vin] = compact.vmap[compact.vmap_off[:-1][vin]]
     comp[vin] = -1
     comp[comp >= 0] = newid[comp[comp >= 0]]
-    v_of = np.repeat(np.arange(cp.comp.size), np.diff(cp.vmap_off))
-    vk = np.diff(cp.vmap_off) * ~vin
-    k2 = cp.k[keep_n]
+    v_of = np.repeat(np.arange(compact.comp.size), np.diff(compact.vmap_off))
+    vk = np.diff(compact.vmap_off) * ~vin
+    k2 = compact.k[keep_n]
     tk = ~tf
-    return replace(cp, n=int(k2.size), k=k2, off=_offsets(k2), cost=cost[keep_g], const=const,
-                   eu=newid[cp.eu[keep_e]], ev=newid[cp.ev[keep_e]],
-                   ebase=_offsets(k2[newid[cp.eu[keep_e]]] * k2[newid[cp.ev[keep_e]]]),
-                   W=cp.W[keep_e[e]], base=base,
-                   tg=(np.cumsum(keep_g) - 1)[cp.tg[tk]], tcoef=cp.tcoef[tk], tlo=cp.tlo[tk],
-                   thi=cp.thi[tk], tv=cp.tv[tk], comp=comp, fixed0=fixed0, vmap_off=_offsets(vk),
-                   vmap=cp.vmap[~vin[v_of]])
+    return replace(compact, n=int(k2.size), k=k2, off=_offsets(k2), cost=cost[keep_g], const=const,
+                   eu=newid[compact.eu[keep_e]], ev=newid[compact.ev[keep_e]],
+                   ebase=_offsets(k2[newid[compact.eu[keep_e]]] * k2[newid[compact.ev[keep_e]]]),
+                   W=compact.W[keep_e[e]], base=base,
+                   tg=(np.cumsum(keep_g) - 1)[compact.tg[tk]], tcoef=compact.tcoef[tk], tlo=compact.tlo[tk],
+                   thi=compact.thi[tk], tv=compact.tv[tk], comp=comp, fixed0=fixed0, vmap_off=_offsets(vk),
+                   vmap=compact.vmap[~vin[v_of]])
 
 
-def simplify(cp: Compact) -> Compact:
+def simplify(compact: Compact) -> Compact:
     """Arc consistency and folding of single-strategy nodes until nothing changes."""
     while True:
-        cp = restrict(cp, arc_consistency(cp))
-        if not (cp.k == 1).any():
-            return cp
-        cp = fold_fixed(cp)
+        compact = restrict(compact, arc_consistency(compact))
+        if not (compact.k == 1).any():
+            return compact
+        compact = fold_fixed(compact)
 
 
-def plan_of(cp: Compact, x: np.ndarray) -> np.ndarray:
+def plan_of(compact: Compact, x: np.ndarray) -> np.ndarray:
     """The original plan (local strategy per original node) of compact choice ``x``."""
-    plan = cp.fixed0.copy()
-    v = np.flatnonzero(cp.comp >= 0)
-    plan[v] = cp.vmap[cp.vmap_off[v] + x[cp.comp[v]]]
+    plan = compact.fixed0.copy()
+    v = np.flatnonzero(compact.comp >= 0)
+    plan[v] = compact.vmap[compact.vmap_off[v] + x[compact.comp[v]]]
     return plan
 
 
-def x_of(cp: Compact, plan: np.ndarray) -> np.ndarray | None:
+def x_of(compact: Compact, plan: np.ndarray) -> np.ndarray | None:
     """The compact choice matching an original plan, or None if no compact plan gives it."""
-    x = np.full(cp.n, -1, np.int64)
-    v_of = np.repeat(np.arange(cp.comp.size), np.diff(cp.vmap_off))
-    j = np.arange(cp.vmap.size) - cp.vmap_off[v_of]
-    hit = cp.vmap == np.asarray(plan)[v_of]
+    x = np.full(compact.n, -1, np.int64)
+    v_of = np.repeat(np.arange(compact.comp.size), np.diff(compact.vmap_off))
+    j = np.arange(compact.vmap.size) - compact.vmap_off[v_of]
+    hit = compact.vmap == np.asarray(plan)[v_of]
     # a compact strategy matches when every member agrees
-    g = cp.off[cp.comp[v_of]] + j
-    members = np.bincount(cp.comp[cp.comp >= 0], minlength=cp.n)
-    agree = np.bincount(g[hit], minlength=int(cp.off[-1]))
-    full = np.flatnonzero(agree == members[cp.node_of])
+    g = compact.off[compact.comp[v_of]] + j
+    members = np.bincount(compact.comp[compact.comp >= 0], minlength=compact.n)
+    agree = np.bincount(g[hit], minlength=int(compact.off[-1]))
+    full = np.flatnonzero(agree == members[compact.node_of])
     if full.size:
-        x[cp.node_of[full][::-1]] = (full - cp.off[cp.node_of[full]])[::-1]
-    fixed = cp.comp < 0
-    if (x < 0).any() or (np.asarray(plan)[fixed] != cp.fixed0[fixed]).any():
+        x[compact.node_of[full][::-1]] = (full - compact.off[compact.node_of[full]])[::-1]
+    fixed = compact.comp < 0
+    if (x < 0).any() or (np.asarray(plan)[fixed] != compact.fixed0[fixed]).any():
         return None
     return x
 
 
-def objective(cp: Compact, x: np.ndarray) -> float:
+def objective(compact: Compact, x: np.ndarray) -> float:
     """Cost of compact choice ``x`` (constant included)."""
-    g = cp.off[:-1] + x
-    w = cp.W[cp.ebase[:-1] + x[cp.eu] * cp.k[cp.ev] + x[cp.ev]]
-    return cp.const + math.fsum(cp.cost[g].tolist()) + math.fsum(w.tolist())
+    g = compact.off[:-1] + x
+    w = compact.W[compact.ebase[:-1] + x[compact.eu] * compact.k[compact.ev] + x[compact.ev]]
+    return compact.const + math.fsum(compact.cost[g].tolist()) + math.fsum(w.tolist())
 
 
-def usage(cp: Compact, x: np.ndarray) -> np.ndarray:
+def usage(compact: Compact, x: np.ndarray) -> np.ndarray:
     """Memory of every kept row under ``x``."""
-    on = (cp.off[:-1] + x)[cp.node_of[cp.tg]] == cp.tg if cp.tg.size else np.zeros(0, bool)
-    diff = np.zeros(cp.R + 1)
-    np.add.at(diff, cp.tlo[on], cp.tcoef[on])
-    np.add.at(diff, cp.thi[on], -cp.tcoef[on])
-    return cp.base + np.cumsum(diff)[:-1]
+    if compact.tg.size == 0:
+        on = np.zeros(0, bool)
+    else:
+        on = (compact.off[:-1] + x)[compact.node_of[compact.tg]] == compact.tg
+    diff = np.zeros(compact.R + 1)
+    np.add.at(diff, compact.tlo[on], compact.tcoef[on])
+    np.add.at(diff, compact.thi[on], -compact.tcoef[on])
+    return compact.base + np.cumsum(diff)[:-1]
 
 
-def memory_ok(cp: Compact) -> list[np.ndarray | None]:
+def memory_ok(compact: Compact) -> list[np.ndarray | None]:
     """Per node: ``ok[p, q]`` = no member uses more memory under q than under p."""
-    out: list[np.ndarray | None] = [None] * cp.n
-    if cp.tg.size == 0:
+    out: list[np.ndarray | None] = [None] * compact.n
+    if compact.tg.size == 0:
         return out
-    u = cp.node_of[cp.tg]
-    order = np.lexsort((cp.tv, u))
-    u, v, j, c = u[order], cp.tv[order], (cp.tg - cp.off[cp.node_of[cp.tg]])[order], cp.tcoef[order]
+    u = compact.node_of[compact.tg]
+    order = np.lexsort((compact.tv, u))
+    local = compact.tg - compact.off[compact.node_of[compact.tg]]
+    u, v, j, c = u[order], compact.tv[order], local[order], compact.tcoef[order]
     starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]])
     ends = np.r_[starts[1:], u.size]
     for s, e in zip(starts.tolist(), ends.tolist()):
         node = int(u[s])
         _, mi = np.unique(v[s:e], return_inverse=True)
-        C = np.zeros((int(mi.max()) + 1, int(cp.k[node])))
+        C = np.zeros((int(mi.max()) + 1, int(compact.k[node])))
         np.add.at(C, (mi, j[s:e]), c[s:e])
         out[node] = (C[:, None, :] <= C[:, :, None]).all(axis=0)
     return out

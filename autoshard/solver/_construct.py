@@ -19,35 +19,35 @@ from autoshard.solver._space import Space
 __all__ = ["construct", "start_plan"]
 
 
-def construct(sp: Space, order: np.ndarray | None = None, weight: float = 0.0) -> np.ndarray:
+def construct(space: Space, order: np.ndarray | None = None, weight: float = 0.0) -> np.ndarray:
     """A plan (local strategy per compact node) built greedily in ``order``."""
-    n = sp.n
+    n = space.n
     order = np.arange(n) if order is None else order
     x = np.zeros(n, np.int64)
     decided = np.zeros(n, bool)
-    U = sp.cp.base.copy() if sp.limit is not None else None
+    U = space.compact.base.copy() if space.limit is not None else None
     for u in order.tolist():
-        g0, g1 = int(sp.off[u]), int(sp.off[u + 1])
-        score = sp.cost[g0:g1].copy()
-        a, b = int(sp.ip[u]), int(sp.ip[u + 1])
+        g0, g1 = int(space.off[u]), int(space.off[u + 1])
+        score = space.cost[g0:g1].copy()
+        a, b = int(space.ip[u]), int(space.ip[u + 1])
         if b > a:
-            o = sp.other[a:b]
+            o = space.other[a:b]
             dec = decided[o]
             if dec.any():
-                vals = sp.W[sp.static[a:b][dec] + x[o[dec]] * sp.mult[a:b][dec]]
-                score += np.bincount(sp.tgt[a:b][dec] - g0, weights=vals, minlength=g1 - g0)
+                vals = space.W[space.static[a:b][dec] + x[o[dec]] * space.mult[a:b][dec]]
+                score += np.bincount(space.tgt[a:b][dec] - g0, weights=vals, minlength=g1 - g0)
         if U is not None:
-            t0, t1 = int(sp.tptr[g0]), int(sp.tptr[g1])
+            t0, t1 = int(space.tptr[g0]), int(space.tptr[g1])
             if t1 > t0:
-                lo, hi, c = sp.t_lo[t0:t1], sp.t_hi[t0:t1], sp.t_coef[t0:t1]
-                j = sp.t_g[t0:t1] - g0
+                lo, hi, c = space.t_lo[t0:t1], space.t_hi[t0:t1], space.t_coef[t0:t1]
+                j = space.t_g[t0:t1] - g0
                 bp = np.unique(np.concatenate([lo, hi]))
                 seg_max = np.maximum.reduceat(U[bp[0]:bp[-1]], bp[:-1] - bp[0])
                 ls, hs = np.searchsorted(bp, lo), np.searchsorted(bp, hi)
                 prof = np.zeros((g1 - g0, bp.size))
                 np.add.at(prof, (j, ls), c)
                 np.add.at(prof, (j, hs), -c)
-                over = (np.cumsum(prof, axis=1)[:, :-1] + seg_max[None, :]).max(axis=1) - sp.limit
+                over = (np.cumsum(prof, axis=1)[:, :-1] + seg_max[None, :]).max(axis=1) - space.limit
                 fits = over <= 0
                 if weight:
                     score = score + weight * np.bincount(j, weights=c * (hi - lo), minlength=g1 - g0)
@@ -56,18 +56,20 @@ def construct(sp: Space, order: np.ndarray | None = None, weight: float = 0.0) -
         x[u] = q
         decided[u] = True
         if U is not None:
-            t = np.arange(int(sp.tptr[g0 + q]), int(sp.tptr[g0 + q + 1]))
-            for lo_, hi_, c_ in zip(sp.t_lo[t].tolist(), sp.t_hi[t].tolist(), sp.t_coef[t].tolist()):
+            t = np.arange(int(space.tptr[g0 + q]), int(space.tptr[g0 + q + 1]))
+            for lo_, hi_, c_ in zip(space.t_lo[t].tolist(), space.t_hi[t].tolist(), space.t_coef[t].tolist()):
                 U[lo_:hi_] += c_
     return x
 
 
-def start_plan(cp: Compact, sp: Space) -> np.ndarray | None:
+def start_plan(compact: Compact, space: Space) -> np.ndarray | None:
     """A plan of finite cost that fits memory: greedy, then greedy weighing memory more and
     more (cost per byte-row scaled to the largest node cost); None if none fits."""
-    scale = (float(np.abs(cp.cost).max()) or 1.0) / max(float(sp.t_coef.max()) if sp.t_coef.size else 1.0, 1.0)
+    largest_term = float(space.t_coef.max()) if space.t_coef.size else 1.0
+    scale = (float(np.abs(compact.cost).max()) or 1.0) / max(largest_term, 1.0)
     for weight in (0.0, 1e-3 * scale, scale):
-        x = construct(sp, weight=weight)
-        if math.isfinite(objective(cp, x)) and (sp.limit is None or (sp.usage(x) <= sp.limit).all()):
+        x = construct(space, weight=weight)
+        fits = space.limit is None or (space.usage(x) <= space.limit).all()
+        if math.isfinite(objective(compact, x)) and fits:
             return x
     return None

@@ -22,37 +22,37 @@ from autoshard.solver._compact import Compact, _offsets, entry_index, simplify
 __all__ = ["contract", "bijection_edges"]
 
 
-def bijection_edges(cp: Compact) -> np.ndarray:
+def bijection_edges(compact: Compact) -> np.ndarray:
     """Edges whose finite entries form a permutation matrix."""
-    if cp.m == 0:
+    if compact.m == 0:
         return np.zeros(0, bool)
-    e, r, c = entry_index(cp.k, cp.off, cp.eu, cp.ev, cp.ebase)
-    fin = np.isfinite(cp.W)
-    ku, kv = cp.k[cp.eu], cp.k[cp.ev]
+    e, r, c = entry_index(compact.k, compact.off, compact.eu, compact.ev, compact.ebase)
+    fin = np.isfinite(compact.W)
+    ku, kv = compact.k[compact.eu], compact.k[compact.ev]
     rb, cb = _offsets(ku), _offsets(kv)
-    rows = np.bincount(rb[e][fin] + (r - cp.off[cp.eu][e])[fin], minlength=int(rb[-1]))
-    cols = np.bincount(cb[e][fin] + (c - cp.off[cp.ev][e])[fin], minlength=int(cb[-1]))
-    rbad = np.bincount(np.repeat(np.arange(cp.m), ku), weights=rows != 1, minlength=cp.m)
-    cbad = np.bincount(np.repeat(np.arange(cp.m), kv), weights=cols != 1, minlength=cp.m)
+    rows = np.bincount(rb[e][fin] + (r - compact.off[compact.eu][e])[fin], minlength=int(rb[-1]))
+    cols = np.bincount(cb[e][fin] + (c - compact.off[compact.ev][e])[fin], minlength=int(cb[-1]))
+    rbad = np.bincount(np.repeat(np.arange(compact.m), ku), weights=rows != 1, minlength=compact.m)
+    cbad = np.bincount(np.repeat(np.arange(compact.m), kv), weights=cols != 1, minlength=compact.m)
     return (ku == kv) & (rbad == 0) & (cbad == 0)
 
 
-def _partner(cp: Compact, bij: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _partner(compact: Compact, bij: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sorted keys ``edge * G + g`` -> partner strategy (both directions) of bijection edges."""
-    e, r, c = entry_index(cp.k, cp.off, cp.eu, cp.ev, cp.ebase)
-    on = bij[e] & np.isfinite(cp.W)
-    G = int(cp.off[-1])
+    e, r, c = entry_index(compact.k, compact.off, compact.eu, compact.ev, compact.ebase)
+    on = bij[e] & np.isfinite(compact.W)
+    G = int(compact.off[-1])
     keys = np.concatenate([e[on] * G + r[on], e[on] * G + c[on]])
     vals = np.concatenate([c[on], r[on]])
     order = np.argsort(keys, kind="stable")
     return keys[order], vals[order], np.int64(G)
 
 
-def _maps(cp: Compact, bij: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _maps(compact: Compact, bij: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Component label per node and, per node, the global strategy for each component strategy."""
-    n = cp.n
+    n = compact.n
     be = np.flatnonzero(bij)
-    a, b = cp.eu[be], cp.ev[be]
+    a, b = compact.eu[be], compact.ev[be]
     g = sp.coo_matrix((np.ones(2 * be.size), (np.concatenate([a, b]), np.concatenate([b, a]))),
                       shape=(n, n)).tocsr()
     ncomp, lab = connected_components(g, directed=False)
@@ -74,14 +74,14 @@ def _maps(cp: Compact, bij: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     nonroot = np.flatnonzero(par != n)
     pk = np.minimum(nonroot, par[nonroot]) * n + np.maximum(nonroot, par[nonroot])
     tree_e = be[eorder[np.searchsorted(ekey[eorder], pk)]]
-    kc = cp.k[root][lab]  # every member has the root's strategy count
+    kc = compact.k[root][lab]  # every member has the root's strategy count
     moff = _offsets(kc)
     M = np.zeros(int(moff[-1]), np.int64)
-    rk = cp.k[root]
+    rk = compact.k[root]
     rr = np.repeat(root, rk)
     jr = np.arange(rr.size) - np.repeat(_offsets(rk)[:-1], rk)
-    M[moff[rr] + jr] = cp.off[rr] + jr
-    keys, vals, G = _partner(cp, bij)
+    M[moff[rr] + jr] = compact.off[rr] + jr
+    keys, vals, G = _partner(compact, bij)
     d_non = depth[nonroot]
     for d in range(1, int(d_non.max()) + 1 if d_non.size else 1):
         ch = nonroot[d_non == d]
@@ -94,41 +94,41 @@ def _maps(cp: Compact, bij: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     return lab, moff, M
 
 
-def contract(cp: Compact) -> Compact:
+def contract(compact: Compact) -> Compact:
     """Contract every bijection component (repeated while simplification exposes new ones)."""
-    cp = simplify(cp)
+    compact = simplify(compact)
     while True:
-        bij = bijection_edges(cp)
+        bij = bijection_edges(compact)
         if not bij.any():
-            return cp
-        cp = simplify(_contract_once(cp, bij))
+            return compact
+        compact = simplify(_contract_once(compact, bij))
 
 
-def _contract_once(cp: Compact, bij: np.ndarray) -> Compact:
-    lab, moff, M = _maps(cp, bij)
+def _contract_once(compact: Compact, bij: np.ndarray) -> Compact:
+    lab, moff, M = _maps(compact, bij)
     nc = int(lab.max()) + 1
-    root = np.full(nc, cp.n, np.int64)
-    np.minimum.at(root, lab, np.arange(cp.n))
-    k2 = cp.k[root]
+    root = np.full(nc, compact.n, np.int64)
+    np.minimum.at(root, lab, np.arange(compact.n))
+    k2 = compact.k[root]
     off2 = _offsets(k2)
     # inverse of each member's map: global strategy -> component strategy
-    node_rep = np.repeat(np.arange(cp.n), np.diff(moff))
+    node_rep = np.repeat(np.arange(compact.n), np.diff(moff))
     jj = np.arange(M.size) - moff[node_rep]
-    inv = np.full(int(cp.off[-1]), -1, np.int64)
+    inv = np.full(int(compact.off[-1]), -1, np.int64)
     inv[M] = jj
     cost = np.zeros(int(off2[-1]))
-    np.add.at(cost, off2[lab[node_rep]] + jj, cp.cost[M])
-    e, r, c = entry_index(cp.k, cp.off, cp.eu, cp.ev, cp.ebase)
-    cu, cv = lab[cp.eu], lab[cp.ev]
+    np.add.at(cost, off2[lab[node_rep]] + jj, compact.cost[M])
+    e, r, c = entry_index(compact.k, compact.off, compact.eu, compact.ev, compact.ebase)
+    cu, cv = lab[compact.eu], lab[compact.ev]
     inside = cu == cv
     # edges inside a component: entry (M_u[j], M_v[j]) per component strategy j
     ie = np.flatnonzero(inside)
     size = k2[cu[ie]]
     rep = np.repeat(ie, size)
     j = np.arange(int(size.sum())) - np.repeat(_offsets(size)[:-1], size)
-    mu = M[moff[cp.eu[rep]] + j] - cp.off[cp.eu[rep]]
-    mv = M[moff[cp.ev[rep]] + j] - cp.off[cp.ev[rep]]
-    np.add.at(cost, off2[cu[rep]] + j, cp.W[cp.ebase[rep] + mu * cp.k[cp.ev[rep]] + mv])
+    mu = M[moff[compact.eu[rep]] + j] - compact.off[compact.eu[rep]]
+    mv = M[moff[compact.ev[rep]] + j] - compact.off[compact.ev[rep]]
+    np.add.at(cost, off2[cu[rep]] + j, compact.W[compact.ebase[rep] + mu * compact.k[compact.ev[rep]] + mv])
     # edges between components: permute each block to component strategies, orient, merge
     sel = ~inside[e]
     ex, rx, cxx = e[sel], r[sel], c[sel]
@@ -142,15 +142,16 @@ def _contract_once(cp: Compact, bij: np.ndarray) -> Compact:
     eu2, ev2 = upair // nc, upair % nc
     ebase2 = _offsets(k2[eu2] * k2[ev2])
     W2 = np.zeros(int(ebase2[-1]))
-    np.add.at(W2, ebase2[pid] + jl * k2[ev2][pid] + jh, cp.W[sel])
+    np.add.at(W2, ebase2[pid] + jl * k2[ev2][pid] + jh, compact.W[sel])
     # memory terms and the original nodes' maps
-    tg2 = off2[lab[cp.node_of[cp.tg]]] + inv[cp.tg] if cp.tg.size else cp.tg
-    comp2 = np.where(cp.comp >= 0, lab[np.maximum(cp.comp, 0)], -1)
+    tg2 = off2[lab[compact.node_of[compact.tg]]] + inv[compact.tg] if compact.tg.size else compact.tg
+    comp2 = np.where(compact.comp >= 0, lab[np.maximum(compact.comp, 0)], -1)
     vk2 = np.where(comp2 >= 0, k2[np.maximum(comp2, 0)], 0)
     vmap_off2 = _offsets(vk2)
-    v_of = np.repeat(np.arange(cp.comp.size), vk2)
+    v_of = np.repeat(np.arange(compact.comp.size), vk2)
     j2 = np.arange(int(vmap_off2[-1])) - vmap_off2[v_of]
-    u_old = cp.comp[v_of]
-    vmap2 = cp.vmap[cp.vmap_off[v_of] + M[moff[u_old] + j2] - cp.off[u_old]]
-    return Compact(nc, k2, off2, cost, cp.const, eu2, ev2, ebase2, W2, cp.limit, cp.base,
-                   tg2, cp.tcoef, cp.tlo, cp.thi, cp.tv, comp2, cp.fixed0, vmap_off2, vmap2)
+    u_old = compact.comp[v_of]
+    vmap2 = compact.vmap[compact.vmap_off[v_of] + M[moff[u_old] + j2] - compact.off[u_old]]
+    return Compact(nc, k2, off2, cost, compact.const, eu2, ev2, ebase2, W2, compact.limit, compact.base,
+                   tg2, compact.tcoef, compact.tlo, compact.thi, compact.tv, comp2, compact.fixed0,
+                   vmap_off2, vmap2)

@@ -33,34 +33,34 @@ def _edge_gain(block: np.ndarray) -> np.ndarray:
     return d.max(axis=2) if block.shape[1] else np.zeros((block.shape[0],) * 2)
 
 
-def dominated(cp: Compact) -> np.ndarray:
+def dominated(compact: Compact) -> np.ndarray:
     """Mask over global strategies: True where another strategy of the node dominates it."""
     D = []
-    for u in range(cp.n):
-        c = cp.cost[cp.off[u]:cp.off[u + 1]]
+    for u in range(compact.n):
+        c = compact.cost[compact.off[u]:compact.off[u + 1]]
         D.append(c[None, :] - c[:, None])  # D[p, q] = cost[q] - cost[p]
-    for e in range(cp.m):
-        u, v = int(cp.eu[e]), int(cp.ev[e])
-        block = cp.W[cp.ebase[e]:cp.ebase[e + 1]].reshape(cp.k[u], cp.k[v])
+    for e in range(compact.m):
+        u, v = int(compact.eu[e]), int(compact.ev[e])
+        block = compact.W[compact.ebase[e]:compact.ebase[e + 1]].reshape(compact.k[u], compact.k[v])
         D[u] += _edge_gain(block)
         D[v] += _edge_gain(block.T)
-    mem = memory_ok(cp)
-    out = np.zeros(int(cp.off[-1]), bool)
-    for u in range(cp.n):
+    mem = memory_ok(compact)
+    out = np.zeros(int(compact.off[-1]), bool)
+    for u in range(compact.n):
         dom = D[u] <= 0
         if mem[u] is not None:
             dom &= mem[u]
         np.fill_diagonal(dom, False)
-        idx = np.arange(cp.k[u])
+        idx = np.arange(compact.k[u])
         tie_keeps_p = dom & dom.T & (idx[:, None] < idx[None, :])
-        out[cp.off[u]:cp.off[u + 1]] = (dom & ~tie_keeps_p).any(axis=1)
+        out[compact.off[u]:compact.off[u + 1]] = (dom & ~tie_keeps_p).any(axis=1)
     return out
 
 
-def remove_dominated(cp: Compact) -> tuple[Compact, int]:
-    """``cp`` without its dominated strategies, and how many were removed."""
-    dom = dominated(cp)
-    return restrict(cp, ~dom), int(dom.sum())
+def remove_dominated(compact: Compact) -> tuple[Compact, int]:
+    """``compact`` without its dominated strategies, and how many were removed."""
+    dom = dominated(compact)
+    return restrict(compact, ~dom), int(dom.sum())
 
 
 def compact_presolve(reduced: Reduced, memory: MemoryRows | None,

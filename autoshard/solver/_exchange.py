@@ -156,7 +156,7 @@ def _trade(space: Space, state: State, move: tuple[int, int, float], rng: np.ran
 def exchange_move(state: State, rng: np.random.Generator, deadline: float, seed: int) -> bool:
     """Try the largest blocked moves with their memory paid by a hub and its chain;
     True if the plan improved."""
-    space = state.sp
+    space = state.space
     if space.limit is None or state.U is None:
         return False
     for move in blocked_moves(space, state, _CANDIDATES):

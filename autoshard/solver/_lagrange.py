@@ -50,28 +50,30 @@ def _colour_edges(n: int, eu: np.ndarray, ev: np.ndarray) -> np.ndarray:
 class Dual:
     """Messages, prices and the bound of a :class:`~autoshard.solver._space.Space` problem."""
 
-    def __init__(self, sp: Space) -> None:
-        self.sp = sp
-        cp = sp.cp
-        self.const = cp.const
-        e, r, c = entry_index(cp.k, cp.off, cp.eu, cp.ev, cp.ebase)
-        ku, kv = cp.k[cp.eu], cp.k[cp.ev]
+    def __init__(self, space: Space) -> None:
+        self.space = space
+        compact = space.compact
+        self.const = compact.const
+        e, r, c = entry_index(compact.k, compact.off, compact.eu, compact.ev, compact.ebase)
+        ku, kv = compact.k[compact.eu], compact.k[compact.ev]
         self.rb, self.cb = _offsets(ku), _offsets(kv)
-        self.ri = self.rb[e] + r - cp.off[cp.eu][e]          # row message of each entry
-        self.ci = self.cb[e] + c - cp.off[cp.ev][e]          # column message of each entry
+        self.ri = self.rb[e] + r - compact.off[compact.eu][e]          # row message of each entry
+        self.ci = self.cb[e] + c - compact.off[compact.ev][e]          # column message of each entry
         self.r, self.c, self.e = r, c, e
-        self.row_g = np.repeat(cp.off[cp.eu], ku) + np.arange(int(self.rb[-1])) - np.repeat(self.rb[:-1], ku)
-        self.col_g = np.repeat(cp.off[cp.ev], kv) + np.arange(int(self.cb[-1])) - np.repeat(self.cb[:-1], kv)
+        self.row_g = (np.repeat(compact.off[compact.eu], ku) + np.arange(int(self.rb[-1]))
+                      - np.repeat(self.rb[:-1], ku))
+        self.col_g = (np.repeat(compact.off[compact.ev], kv) + np.arange(int(self.cb[-1]))
+                      - np.repeat(self.cb[:-1], kv))
         self.phi_r = np.zeros(int(self.rb[-1]))
         self.phi_c = np.zeros(int(self.cb[-1]))
-        self.lam = np.zeros(cp.R)
-        self.cap = (cp.limit - cp.base) if sp.limit is not None else np.zeros(0)
-        self.price = np.zeros(cp.cost.size)
-        self.theta = cp.cost.astype(np.float64).copy()
-        self.W = np.where(np.isfinite(cp.W), cp.W, math.inf)
+        self.lam = np.zeros(compact.R)
+        self.cap = (compact.limit - compact.base) if space.limit is not None else np.zeros(0)
+        self.price = np.zeros(compact.cost.size)
+        self.theta = compact.cost.astype(np.float64).copy()
+        self.W = np.where(np.isfinite(compact.W), compact.W, math.inf)
         banned = np.isinf(self.W)
         self.banned = banned if banned.any() else None
-        colour = _colour_edges(cp.n, cp.eu, cp.ev) if cp.m else np.zeros(0, np.int64)
+        colour = _colour_edges(compact.n, compact.eu, compact.ev) if compact.m else np.zeros(0, np.int64)
         self.classes = [self._class(np.flatnonzero(colour == col))
                         for col in range(int(colour.max()) + 1 if colour.size else 0)]
         self.best = -math.inf
@@ -83,8 +85,8 @@ class Dual:
         """Arrays for updating the edges ``E`` (no two share a node) at once: their
         entries row-major and column-major, segment starts, each entry's local row and
         column, and the rows' and columns' message and strategy indices."""
-        cp = self.sp.cp
-        ent = np.concatenate([np.arange(cp.ebase[x], cp.ebase[x + 1]) for x in E.tolist()])
+        compact = self.space.compact
+        ent = np.concatenate([np.arange(compact.ebase[x], compact.ebase[x + 1]) for x in E.tolist()])
         ri, ci = self.ri[ent], self.ci[ent]
         rnew = np.r_[True, ri[1:] != ri[:-1]]        # row segments are contiguous
         rstart, rloc = np.flatnonzero(rnew), np.cumsum(rnew) - 1
@@ -106,13 +108,13 @@ class Dual:
         return np.where(self.banned, math.inf, te) if self.banned is not None else te
 
     def edge_mins(self) -> np.ndarray:
-        if self.sp.cp.m == 0:
+        if self.space.compact.m == 0:
             return np.zeros(0)
-        return np.minimum.reduceat(self._edge_theta(), self.sp.ebase[:-1])
+        return np.minimum.reduceat(self._edge_theta(), self.space.ebase[:-1])
 
     def bound(self) -> float:
-        sp = self.sp
-        node = np.minimum.reduceat(self.theta, sp.off[:-1]) if sp.n else np.zeros(0)
+        space = self.space
+        node = np.minimum.reduceat(self.theta, space.off[:-1]) if space.n else np.zeros(0)
         val = self.const + math.fsum(node.tolist()) + math.fsum(self.edge_mins().tolist())
         if self.cap.size:
             val -= float(self.lam @ self.cap)
@@ -126,10 +128,10 @@ class Dual:
         if self.snap is None:
             return self.theta.copy()
         phi_r, phi_c, lam = self.snap
-        sp = self.sp
+        space = self.space
         P = np.concatenate([[0.0], np.cumsum(np.maximum(lam, 0.0))])
-        th = sp.cost + np.bincount(sp.t_g, weights=sp.t_coef * (P[sp.t_hi] - P[sp.t_lo]),
-                                   minlength=sp.cost.size)
+        th = space.cost + np.bincount(space.t_g, weights=space.t_coef * (P[space.t_hi] - P[space.t_lo]),
+                                   minlength=space.cost.size)
         th += np.bincount(self.row_g, weights=phi_r, minlength=th.size)
         th += np.bincount(self.col_g, weights=phi_c, minlength=th.size)
         return th
@@ -162,22 +164,22 @@ class Dual:
 
     def decode(self) -> np.ndarray:
         """Each node's minimizer of its reparametrized cost."""
-        sp = self.sp
-        nmin = np.minimum.reduceat(self.theta, sp.off[:-1])
-        at_min = np.flatnonzero(self.theta == nmin[sp.node_of])
-        node = sp.node_of[at_min]
+        space = self.space
+        nmin = np.minimum.reduceat(self.theta, space.off[:-1])
+        at_min = np.flatnonzero(self.theta == nmin[space.node_of])
+        node = space.node_of[at_min]
         first = at_min[np.r_[True, node[1:] != node[:-1]]]  # the lowest index on ties
-        if first.size != sp.n:  # a node without a minimum (nan costs): sort instead
-            order = np.lexsort((self.theta, sp.node_of))
-            first = order[np.r_[True, sp.node_of[order][1:] != sp.node_of[order][:-1]]]
-        return first - sp.off[:-1]
+        if first.size != space.n:  # a node without a minimum (nan costs): sort instead
+            order = np.lexsort((self.theta, space.node_of))
+            first = order[np.r_[True, space.node_of[order][1:] != space.node_of[order][:-1]]]
+        return first - space.off[:-1]
 
     def set_prices(self, lam: np.ndarray) -> None:
-        sp = self.sp
+        space = self.space
         self.lam = np.maximum(lam, 0.0)
         P = np.concatenate([[0.0], np.cumsum(self.lam)])
-        w = sp.t_coef * (P[sp.t_hi] - P[sp.t_lo])
-        price = np.bincount(sp.t_g, weights=w, minlength=sp.cost.size)
+        w = space.t_coef * (P[space.t_hi] - P[space.t_lo])
+        price = np.bincount(space.t_g, weights=w, minlength=space.cost.size)
         self.theta += price - self.price
         self.price = price
 
@@ -185,7 +187,7 @@ class Dual:
         """Projected subgradient step on the prices from plan ``x`` (Polyak step)."""
         if not self.cap.size:
             return
-        g = self.sp.usage(x) - self.sp.cp.base - self.cap
+        g = self.space.usage(x) - self.space.compact.base - self.cap
         g = np.where((self.lam <= 0) & (g < 0), 0.0, g)
         nrm = float(g @ g)
         if nrm <= 0 or not math.isfinite(target):
@@ -226,13 +228,13 @@ class Dual:
 
         Valid for the current messages and prices (recomputes the bound for them).
         """
-        sp = self.sp
+        space = self.space
         self.restore()
         lb = self.bound()
         slack = incumbent - lb
-        nmin = np.minimum.reduceat(self.theta, sp.off[:-1])
-        drop_g = self.theta - nmin[sp.node_of] > slack + 1e-9 * max(abs(incumbent), 1.0)
+        nmin = np.minimum.reduceat(self.theta, space.off[:-1])
+        drop_g = self.theta - nmin[space.node_of] > slack + 1e-9 * max(abs(incumbent), 1.0)
         te = self._edge_theta()
-        emin = np.minimum.reduceat(te, sp.ebase[:-1]) if sp.cp.m else np.zeros(0)
+        emin = np.minimum.reduceat(te, space.ebase[:-1]) if space.compact.m else np.zeros(0)
         drop_e = np.isfinite(self.W) & (te - emin[self.e] > slack + 1e-9 * max(abs(incumbent), 1.0))
         return drop_g, drop_e

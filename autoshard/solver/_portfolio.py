@@ -10,7 +10,7 @@ not ``multiprocessing``: a spawned child would re-import the caller's ``__main__
 
 Example::
 
-    pf = Portfolio(cp, x0, 60.0, seeds=[1])   # one more search beside this process's,
+    pf = Portfolio(compact, x0, 60.0, seeds=[1])   # one more search beside this process's,
     ...                                        # the caller's own search
     obj, x, bound = pf.best()                  # (inf, None, -inf) until a worker reports
     pf.close(wait=5.0)
@@ -50,10 +50,10 @@ def _read(stream):
 
 
 class Portfolio:
-    """Worker searches on ``cp`` from ``x0`` with the given seeds, each ending by
+    """Worker searches on ``compact`` from ``x0`` with the given seeds, each ending by
     ``time_limit`` seconds from now (wall clock; the workers' start-up counts)."""
 
-    def __init__(self, cp, x0: np.ndarray, time_limit: float, seeds: list[int]) -> None:
+    def __init__(self, compact, x0: np.ndarray, time_limit: float, seeds: list[int]) -> None:
         deadline = time.time() + time_limit
         self._lock = threading.Lock()
         self._best: tuple[float, np.ndarray | None, float] = (math.inf, None, -math.inf)
@@ -63,7 +63,7 @@ class Portfolio:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in sys.path if p]))
         self._procs = []
         self._threads = []
-        problem = pickle.dumps((cp, x0, deadline), protocol=pickle.HIGHEST_PROTOCOL)  # once for all
+        problem = pickle.dumps((compact, x0, deadline), protocol=pickle.HIGHEST_PROTOCOL)  # once for all
         for seed in seeds:
             proc = subprocess.Popen([sys.executable, "-m", "autoshard.solver._portfolio"], env=env,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -142,13 +142,13 @@ class LocalSearch:
             return
         b = self.bound() if self.bound else -math.inf
         gap = (self.best - b) / max(abs(self.best), 1e-300) if math.isfinite(b) else math.inf
-        st = self.stats
+        state = self.stats
         self.log(f"search {now - self.t0:6.1f}s incumbent {self.best:.10g} bound {b:.10g} gap {gap:.3%} "
-                 f"lns {st['lns_better']}/{st['lns']} dp {st['dp_better']}/{st['dp']} "
-                 f"kernel {st['kernel_better']}/{st['kernel']} "
-                 f"binding {st['binding_better']}/{st['binding']} "
-                 f"exchange {st['exchange_better']}/{st['exchange']} "
-                 f"budget {self.budget} restarts {st['restarts']}")
+                 f"lns {state['lns_better']}/{state['lns']} dp {state['dp_better']}/{state['dp']} "
+                 f"kernel {state['kernel_better']}/{state['kernel']} "
+                 f"binding {state['binding_better']}/{state['binding']} "
+                 f"exchange {state['exchange_better']}/{state['exchange']} "
+                 f"budget {self.budget} restarts {state['restarts']}")
         self.last_log = now
 
     def kernel_step(self) -> None:
@@ -245,10 +245,10 @@ class LocalSearch:
         self.last_gain = time.perf_counter()
 
 
-def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
+def search(compact: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
            bound: Callable[[], float] | None = None, log: Callable[[str], None] | None = None,
            every: float = 5.0, step_time: float = 0.5, budget: int = 3000,
-           sp: Space | None = None, theta: Callable[[], np.ndarray | None] | None = None,
+           space: Space | None = None, theta: Callable[[], np.ndarray | None] | None = None,
            stop_at: float = -math.inf, max_budget: int = 200_000,
            kicks: bool = True, stall: float = math.inf) -> SearchResult:
     """Improve the feasible compact plan ``x0`` until ``time_limit`` seconds have passed
@@ -264,6 +264,6 @@ def search(cp: Compact, x0: np.ndarray, time_limit: float, *, seed: int = 0,
     count), so a caller can end a stuck run early (IOPDDL V: runs reach their plan in
     2-15 s, then find nothing).
     """
-    return LocalSearch(cp, x0, time_limit, seed=seed, bound=bound, log=log, every=every,
-                       step_time=step_time, budget=budget, space=sp, theta=theta, stop_at=stop_at,
+    return LocalSearch(compact, x0, time_limit, seed=seed, bound=bound, log=log, every=every,
+                       step_time=step_time, budget=budget, space=space, theta=theta, stop_at=stop_at,
                        max_budget=max_budget, kicks=kicks, stall=stall).run()

@@ -159,22 +159,22 @@ class _Incumbent:
             self.trace.append((t, cost))
 
 
-def _lp_first(cp: Compact, x0, lp_solver: str, budget: float, log: _Log):
+def _lp_first(compact: Compact, x0, lp_solver: str, budget: float, log: _Log):
     """LP relaxation of the compact model; an integral plan that fits memory is optimal."""
     rows = None
-    if cp.limit is not None and int(np.sum(cp.thi - cp.tlo)) > 300_000:
+    if compact.limit is not None and int(np.sum(compact.thi - compact.tlo)) > 300_000:
         rows = np.zeros(0, np.int64)  # lazily generated rows are the MIP's job
-    model = build_compact_model(cp, rows)
+    model = build_compact_model(compact, rows)
     res = _checked(solve_model(model, lp_solver, budget, integer=False))
     log(f"LP relaxation ({lp_solver}): {res.status} {res.objective:.10g} in {res.seconds:.1f}s")
     if res.status == "INFEASIBLE":
         return "infeasible", None, -math.inf
     if res.status != "OPTIMAL":
         return "unknown", None, -math.inf
-    s = res.x[:int(cp.off[-1])]
+    s = res.x[:int(compact.off[-1])]
     if not np.all(np.minimum(np.abs(s), np.abs(1 - s)) <= 1e-6):
         return "fractional", None, res.objective
-    x = np.array([int(np.argmax(s[cp.off[u]:cp.off[u + 1]])) for u in range(cp.n)], np.int64)
+    x = np.array([int(np.argmax(s[compact.off[u]:compact.off[u + 1]])) for u in range(compact.n)], np.int64)
     return "integral", x, res.objective
 
 
@@ -236,29 +236,29 @@ def solve_problem(problem: Problem, time_limit: float = 60.0,
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     run = _Run(problem, time_limit, _Log(verbose, time.perf_counter()))
     ws = None if warm_start is None else check_strategies(problem, warm_start)
-    cp = run.presolve()
-    if isinstance(cp, Solution):
-        return cp
+    compact = run.presolve()
+    if isinstance(compact, Solution):
+        return compact
     if ws is not None:
         run.inc.offer("warm_start", ws)
-    if cp.n == 0:  # everything fixed by presolve
-        return run.finish(plan_of(cp, np.zeros(0, np.int64)), SolveStatus.OPTIMAL, -math.inf, "presolve")
-    sp = Space(cp)
-    x0 = start_plan(cp, sp) if heuristic else None
+    if compact.n == 0:  # everything fixed by presolve
+        return run.finish(plan_of(compact, np.zeros(0, np.int64)), SolveStatus.OPTIMAL, -math.inf, "presolve")
+    space = Space(compact)
+    x0 = start_plan(compact, space) if heuristic else None
     if x0 is not None:
-        run.inc.offer("construct", plan_of(cp, x0))
+        run.inc.offer("construct", plan_of(compact, x0))
     elif run.inc.plan is not None:
-        x0 = x_of(cp, run.inc.plan)  # None if the warm start uses a removed strategy
-    if int(np.isfinite(cp.W).sum()) > lp_max_edge_vars and x0 is not None:
+        x0 = x_of(compact, run.inc.plan)  # None if the warm start uses a removed strategy
+    if int(np.isfinite(compact.W).sum()) > lp_max_edge_vars and x0 is not None:
         run.log(f"big model ({run.stats['compact_entries']} edge entries > lp_max_edge_vars="
                 f"{lp_max_edge_vars}): anytime search")
-        bound, proven = run.anytime(cp, x0, seed, progress_every, workers)
+        bound, proven = run.anytime(compact, x0, seed, progress_every, workers)
     else:
         if x0 is not None and heuristic:
             budget = min(0.1 * run.left(), 5.0) if heuristic_time is None else min(heuristic_time, run.left())
-            x0 = search(cp, x0, max(budget, 0.0), seed=seed, sp=sp).x
-            run.inc.offer("search", plan_of(cp, x0))
-        exact = run.exact(cp, sp, x0, lp_first=lp_first, lp_solver=lp_solver, mip_solver=mip_solver,
+            x0 = search(compact, x0, max(budget, 0.0), seed=seed, space=space).x
+            run.inc.offer("search", plan_of(compact, x0))
+        exact = run.exact(compact, space, x0, lp_first=lp_first, lp_solver=lp_solver, mip_solver=mip_solver,
                           rel_gap=rel_gap, memory_form=memory_form, seed=seed)
         if isinstance(exact, Solution):
             return exact
@@ -303,45 +303,45 @@ class _Run:
         if mem is not None and mem.peak_lower_bound > limit * (1 + 1e-12):
             return self.infeasible("presolve")
         try:
-            cp, cstats = compact_presolve(red, mem, limit)
+            compact, cstats = compact_presolve(red, mem, limit)
         except Infeasible:
             return self.infeasible("presolve")
         self.stats.update(cstats)
         self.log(f"{problem.name}: presolve {self.stats}")
-        return cp
+        return compact
 
-    def anytime(self, cp: Compact, x0: np.ndarray, seed: int, every: float,
+    def anytime(self, compact: Compact, x0: np.ndarray, seed: int, every: float,
                 workers: int) -> tuple[float, bool]:
         """The anytime search on a big model; returns (bound, proven)."""
         t_any = time.perf_counter() - self.t0
         # the plan's expansion and check, and the workers' exit, come after: IOPDDL M,
         # 0.8 s past a 177.8 s limit without this margin
         limit = max(self.left() - min(0.01 * self.time_limit, 2.0), 0.0)
-        res = anytime(cp, x0, limit, seed=seed, log=self.log, every=every, workers=workers)
+        res = anytime(compact, x0, limit, seed=seed, log=self.log, every=every, workers=workers)
         inc = self.inc
         for t, o in res.trace[:-1]:  # the search's history; its last entry is the plan itself
             if o < inc.cost and (not inc.trace or o < inc.trace[-1][1]):
                 inc.trace.append((t_any + t, o))
-        inc.offer("search", plan_of(cp, res.x), t_any + res.trace[-1][0])
+        inc.offer("search", plan_of(compact, res.x), t_any + res.trace[-1][0])
         self.stats.update(search=res.stats["search"], dual_sweeps=res.stats["dual_sweeps"])
         self.stats["bound_trace"] = [(t_any + t, b) for t, b in res.bound_trace]
         return res.bound, res.optimal
 
-    def exact(self, cp: Compact, sp: Space, x0: np.ndarray | None, *, lp_first: bool, lp_solver: str,
+    def exact(self, compact: Compact, space: Space, x0: np.ndarray | None, *, lp_first: bool, lp_solver: str,
               mip_solver: str, rel_gap: float, memory_form: str, seed: int) -> tuple[float, bool] | Solution:
         """LP relaxation (if asked) and the compact MIP; returns (bound, proven)."""
         bound, log = -math.inf, self.log
         if lp_first and self.left() > 0.1:
-            kind, x, lpb = _lp_first(cp, x0, lp_solver, max(0.3 * self.left(), 0.5), log)
+            kind, x, lpb = _lp_first(compact, x0, lp_solver, max(0.3 * self.left(), 0.5), log)
             if kind == "infeasible":
                 return self.infeasible("lp")
             bound = max(bound, lpb)
-            if kind == "integral" and (sp.limit is None or (sp.usage(x) <= sp.limit).all()):
-                self.inc.offer("lp", plan_of(cp, x))
+            if kind == "integral" and (space.limit is None or (space.usage(x) <= space.limit).all()):
+                self.inc.offer("lp", plan_of(compact, x))
                 if self.inc.phase == "lp":
                     return self.finish(self.inc.plan, SolveStatus.OPTIMAL, lpb, "lp")
         log(f"MIP ({mip_solver}) with {self.left():.1f}s left")
-        r = solve_compact(cp, max(self.left(), 0.1), x0, rel_gap=rel_gap, seed=seed, solver=mip_solver,
+        r = solve_compact(compact, max(self.left(), 0.1), x0, rel_gap=rel_gap, seed=seed, solver=mip_solver,
                           form=memory_form)
         log(f"MIP: objective {r.objective:.10g} bound {r.bound:.10g} optimal {r.optimal} "
             f"in {r.seconds:.1f}s ({r.solves} solves, {r.rows.size} memory rows)")
@@ -349,5 +349,5 @@ class _Run:
             return self.infeasible("mip")
         bound = max(bound, r.bound if r.bound != math.inf else -math.inf)
         if r.x is not None:
-            self.inc.offer("mip", plan_of(cp, r.x))
+            self.inc.offer("mip", plan_of(compact, r.x))
         return bound, r.optimal and self.inc.cost <= r.objective + 1e-9 * max(abs(r.objective), 1.0)

@@ -46,42 +46,44 @@ class RangeMax:
 
 
 class Space:
-    """Precomputed arrays of ``cp`` (see module docstring)."""
+    """Precomputed arrays of ``compact`` (see module docstring)."""
 
-    def __init__(self, cp: Compact) -> None:
-        self.cp = cp
-        self.n, self.k, self.off, self.node_of = cp.n, cp.k, cp.off, cp.node_of
-        self.cost, self.W, self.eu, self.ev, self.ebase = cp.cost, cp.W, cp.eu, cp.ev, cp.ebase
-        self.free_mask = np.ones(cp.n, bool)
-        self.limit = cp.limit if (cp.limit is not None and cp.R) else None
-        k, m = cp.k, cp.m
-        ku, kv = k[cp.eu], k[cp.ev]
+    def __init__(self, compact: Compact) -> None:
+        self.compact = compact
+        self.n, self.k, self.off, self.node_of = compact.n, compact.k, compact.off, compact.node_of
+        self.cost, self.W = compact.cost, compact.W
+        self.eu, self.ev, self.ebase = compact.eu, compact.ev, compact.ebase
+        self.free_mask = np.ones(compact.n, bool)
+        self.limit = compact.limit if (compact.limit is not None and compact.R) else None
+        k, m = compact.k, compact.m
+        ku, kv = k[compact.eu], k[compact.ev]
         eidx_u, eidx_v = np.repeat(np.arange(m), ku), np.repeat(np.arange(m), kv)
         p = np.arange(int(ku.sum())) - np.repeat(_offsets(ku)[:-1], ku)
         q = np.arange(int(kv.sum())) - np.repeat(_offsets(kv)[:-1], kv)
-        tgt = np.concatenate([cp.off[cp.eu][eidx_u] + p, cp.off[cp.ev][eidx_v] + q])
-        static = np.concatenate([cp.ebase[eidx_u] + p * kv[eidx_u], cp.ebase[eidx_v] + q])
-        other = np.concatenate([cp.ev[eidx_u], cp.eu[eidx_v]])
+        tgt = np.concatenate([compact.off[compact.eu][eidx_u] + p, compact.off[compact.ev][eidx_v] + q])
+        static = np.concatenate([compact.ebase[eidx_u] + p * kv[eidx_u], compact.ebase[eidx_v] + q])
+        other = np.concatenate([compact.ev[eidx_u], compact.eu[eidx_v]])
         mult = np.concatenate([np.ones(eidx_u.size, np.int64), kv[eidx_v]])
         order = np.argsort(tgt, kind="stable")
         self.tgt, self.static, self.other, self.mult = tgt[order], static[order], other[order], mult[order]
-        self.ip = np.searchsorted(self.node_of[self.tgt], np.arange(cp.n + 1))
+        self.ip = np.searchsorted(self.node_of[self.tgt], np.arange(compact.n + 1))
         # adjacency
-        a = np.concatenate([cp.eu, cp.ev])
-        b = np.concatenate([cp.ev, cp.eu])
+        a = np.concatenate([compact.eu, compact.ev])
+        b = np.concatenate([compact.ev, compact.eu])
         ed = np.concatenate([np.arange(m), np.arange(m)])
         o = np.argsort(a, kind="stable")
         self.nbr, self.nbr_edge = b[o], ed[o]
-        self.nptr = np.searchsorted(a[o], np.arange(cp.n + 1))
+        self.nptr = np.searchsorted(a[o], np.arange(compact.n + 1))
         self.degree = np.diff(self.nptr)
         # memory terms by strategy
-        o = np.argsort(cp.tg, kind="stable")
-        self.t_lo, self.t_hi, self.t_coef = cp.tlo[o], cp.thi[o], cp.tcoef[o]
-        self.t_g, self.t_v = cp.tg[o], cp.tv[o]
-        self.tptr = np.searchsorted(self.t_g, np.arange(int(cp.off[-1]) + 1))
+        o = np.argsort(compact.tg, kind="stable")
+        self.t_lo, self.t_hi, self.t_coef = compact.tlo[o], compact.thi[o], compact.tcoef[o]
+        self.t_g, self.t_v = compact.tg[o], compact.tv[o]
+        self.tptr = np.searchsorted(self.t_g, np.arange(int(compact.off[-1]) + 1))
         # per node, safe[p, q]: moving p -> q raises no member's memory (None: all)
-        self.safe = memory_ok(cp) if self.limit is not None else [None] * self.n
-        self.entries = entry_index(cp.k, cp.off, cp.eu, cp.ev, cp.ebase)  # (edge, row g, col g)
+        self.safe = memory_ok(compact) if self.limit is not None else [None] * self.n
+        # (edge, row's global strategy, column's global strategy) of every entry
+        self.entries = entry_index(compact.k, compact.off, compact.eu, compact.ev, compact.ebase)
 
     def scores(self, x: np.ndarray) -> np.ndarray:
         """Cost of every strategy given the other nodes' choices in ``x``."""
@@ -97,14 +99,14 @@ class Space:
         return fin, np.bincount(self.tgt, weights=bad, minlength=self.cost.size)
 
     def usage(self, x: np.ndarray) -> np.ndarray:
-        cp = self.cp
+        compact = self.compact
         g = self.off[:-1] + x
         cnt = self.tptr[g + 1] - self.tptr[g]
         idx = np.repeat(self.tptr[g], cnt) + np.arange(int(cnt.sum())) - np.repeat(_offsets(cnt)[:-1], cnt)
-        diff = np.zeros(cp.R + 1)
+        diff = np.zeros(compact.R + 1)
         np.add.at(diff, self.t_lo[idx], self.t_coef[idx])
         np.add.at(diff, self.t_hi[idx], -self.t_coef[idx])
-        return cp.base + np.cumsum(diff)[:-1]
+        return compact.base + np.cumsum(diff)[:-1]
 
     def terms_of(self, g: np.ndarray) -> np.ndarray:
         """Indices (into the t_* arrays) of the memory terms of strategies ``g``."""

@@ -25,15 +25,15 @@ class Forest:
         self.in_t, self.levels, self.roots = in_t, levels, roots
 
 
-def random_forest(st, rng: np.random.Generator, full: bool = False) -> Forest:
+def random_forest(space, rng: np.random.Generator, full: bool = False) -> Forest:
     """BFS forest from random roots, one endpoint of each non-tree edge removed.
 
     ``full``: keep every free node (non-tree edges are then left to the caller).
     """
-    n, m = st.n, st.eu.size
+    n, m = space.n, space.eu.size
     perm = rng.permutation(n)  # relabel so BFS tie-breaking varies
     inv = np.argsort(perm)
-    a, b = inv[st.eu], inv[st.ev]
+    a, b = inv[space.eu], inv[space.ev]
     g = sp.coo_matrix((np.ones(2 * m), (np.concatenate([a, b]), np.concatenate([b, a]))),
                       shape=(n, n)).tocsr()
     ncomp, lab = connected_components(g, directed=False)
@@ -54,16 +54,16 @@ def random_forest(st, rng: np.random.Generator, full: bool = False) -> Forest:
     parent[perm[for_depth]] = np.where(predo >= 0, perm[np.maximum(predo, 0)], -1)
     dep = np.empty(n, np.int64)
     dep[perm[for_depth]] = depth_arr[for_depth]
-    tree = (parent[st.eu] == st.ev) | (parent[st.ev] == st.eu)
+    tree = (parent[space.eu] == space.ev) | (parent[space.ev] == space.eu)
     nt = np.flatnonzero(~tree)
     prio = rng.random(n)  # each non-tree edge drops its lower-priority endpoint
-    out = np.where(prio[st.eu[nt]] < prio[st.ev[nt]], st.eu[nt], st.ev[nt])
-    in_t = st.free_mask.copy()
+    out = np.where(prio[space.eu[nt]] < prio[space.ev[nt]], space.eu[nt], space.ev[nt])
+    in_t = space.free_mask.copy()
     if not full:
         in_t[out] = False
-    te = np.flatnonzero(tree & in_t[st.eu] & in_t[st.ev])
-    child = np.where(parent[st.eu[te]] == st.ev[te], st.eu[te], st.ev[te])
-    par = np.where(child == st.eu[te], st.ev[te], st.eu[te])
+    te = np.flatnonzero(tree & in_t[space.eu] & in_t[space.ev])
+    child = np.where(parent[space.eu[te]] == space.ev[te], space.eu[te], space.ev[te])
+    par = np.where(child == space.eu[te], space.ev[te], space.eu[te])
     has_parent = np.zeros(n, bool)
     has_parent[child] = True
     roots = np.flatnonzero(in_t & ~has_parent)
@@ -77,33 +77,33 @@ def random_forest(st, rng: np.random.Generator, full: bool = False) -> Forest:
     return forest
 
 
-def forest_dp(st, ch: np.ndarray, forest: Forest, extra: np.ndarray | None = None) -> np.ndarray:
+def forest_dp(space, ch: np.ndarray, forest: Forest, extra: np.ndarray | None = None) -> np.ndarray:
     """Best strategies of the forest's nodes given the others in ``ch`` (global ids).
 
     ``extra`` adds a per-strategy cost (memory prices, estimates of left-out edges).
     Returns the new ``ch``.
     """
-    off, node_of = st.off, st.node_of
+    off, node_of = space.off, space.node_of
     in_t = forest.in_t
     loc = ch - off[:-1]
-    vals = st.W[st.static + loc[st.other] * st.mult]
-    outside = ~in_t[st.other]
-    belief = st.cost + np.bincount(st.tgt[outside], weights=vals[outside], minlength=st.cost.size)
+    vals = space.W[space.static + loc[space.other] * space.mult]
+    outside = ~in_t[space.other]
+    belief = space.cost + np.bincount(space.tgt[outside], weights=vals[outside], minlength=space.cost.size)
     if extra is not None:
         belief = belief + extra
     back = []
     for child, par, e in forest.levels:
-        ku, kv = st.k[st.eu[e]], st.k[st.ev[e]]
+        ku, kv = space.k[space.eu[e]], space.k[space.ev[e]]
         size = ku * kv
         rep = np.repeat(np.arange(e.size), size)
         i = np.arange(int(size.sum())) - np.repeat(np.cumsum(size) - size, size)
-        w = st.W[st.ebase[e][rep] + i]
-        ga = off[st.eu[e]][rep] + i // kv[rep]
-        gb = off[st.ev[e]][rep] + i % kv[rep]
-        child_is_b = (child == st.ev[e])[rep]
+        w = space.W[space.ebase[e][rep] + i]
+        ga = off[space.eu[e]][rep] + i // kv[rep]
+        gb = off[space.ev[e]][rep] + i % kv[rep]
+        child_is_b = (child == space.ev[e])[rep]
         cg = np.where(child_is_b, gb, ga)
         pg = np.where(child_is_b, ga, gb)
-        kp = st.k[par]
+        kp = space.k[par]
         goff = np.cumsum(kp) - kp
         grp = goff[rep] + pg - off[par][rep]
         val = w + belief[cg]
@@ -120,7 +120,7 @@ def forest_dp(st, ch: np.ndarray, forest: Forest, extra: np.ndarray | None = Non
     if r.size:
         bv = np.minimum.reduceat(belief, off[:-1])
         g = np.flatnonzero((belief == bv[node_of]) & in_t[node_of])[::-1]
-        first = np.full(st.n, -1, np.int64)
+        first = np.full(space.n, -1, np.int64)
         first[node_of[g]] = g
         ok = first[r] >= 0
         new[r[ok]] = first[r[ok]]
