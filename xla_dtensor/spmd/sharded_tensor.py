@@ -44,7 +44,7 @@ from xla_dtensor.core.tensor import LazyTensor, value_of
 from xla_dtensor.sharding import ShardingSpec, shard_indices
 from xla_dtensor.spmd import annotate as A
 from xla_dtensor.core import layout as L
-from xla_dtensor.core.dispatch import dispatch
+from xla_dtensor.core import dispatch as _dispatch_mod
 from xla_dtensor.spmd import relayout as R
 from xla_dtensor.spmd.errors import MeshDevicesError
 
@@ -83,7 +83,7 @@ class XLAShardedTensor(LazyTensor, DTensor):
         out = _OUT
         prev, out.cls = out.cls, XLAShardedTensor  # new results are made sharded tensors at once
         try:
-            res = dispatch(func, args, kwargs or {})
+            res = _dispatch_mod.dispatch(func, args, kwargs or {})
         finally:
             out.cls = prev
         return res if type(res) is XLAShardedTensor else _rewrap(res)  # a plain input returned (in-place ops)
