@@ -9,6 +9,7 @@ same step maps to the same executable whatever the data.
 from __future__ import annotations
 
 import collections
+import time
 import warnings
 from typing import Any, Callable, Iterable, NamedTuple
 
@@ -30,6 +31,7 @@ _CACHE: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 PRE_SYNC: list[Callable[[list[Storage]], None]] = []  # may rewrite pending storages' values
 POST_SYNC: list[Callable[[list[Storage]], None]] = []  # after the storages are rebound
 KEEP_PENDING: list[Callable[[Storage], bool]] = []  # materialize() leaves such a storage's value pending
+ON_EXECUTE: list[Callable[[list[Node], bool, float], None]] = []  # after each execute: (roots, compiled, seconds)
 # NOTE: while sync() runs PRE_SYNC (inside state.deferring()), a hook may queue node constraints to lay on
 # the graph's walk instead of walking it itself (state.defer): objects with
 # ``constrain(plan, skip, limit) -> Plan`` (see _deferred).
@@ -252,13 +254,17 @@ def execute(roots: list[Node], donate: set[int] | None = None, partners: list[in
     id of the leaf it overwrites (see :func:`arg_order`); ``plan``: ``make_plan(roots)`` if the
     caller has it.
     """
+    t0 = time.perf_counter()
     plan, order, donate_idx, key = layout(roots, donate, partners, plan)
     compiled = lookup(key)
-    if compiled is None:
+    fresh = compiled is None
+    if fresh:
         compiled = lower(plan, donate_idx, order).compile()
         store(key, compiled)
     result = compiled(*placed_scalars(compiled, key, arguments(plan, order)))
     metrics._COUNTS["executions"] += 1
+    for hook in ON_EXECUTE:
+        hook(roots, fresh, time.perf_counter() - t0)
     return list(result)
 
 

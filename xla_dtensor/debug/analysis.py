@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import warnings
 from typing import Any
 
-from xla_dtensor import metrics
 from xla_dtensor.config import config
 from xla_dtensor.core.state import STATE
 
@@ -151,28 +149,15 @@ def _short(key: object, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-_INSTALLED = [False]
+def _on_execute(roots: list, compiled: bool, seconds: float) -> None:
+    from xla_dtensor.debug import metrics_report as timing
+    timing.record("compile" if compiled else "execute", seconds)
+    if compiled or STATE.debugging:
+        explain_lazy(roots, compiled, seconds)
 
 
 def install() -> None:
-    """Instrument the executor: time every lazy execution, explain compiles (idempotent)."""
-    if _INSTALLED[0]:
-        return
+    """Time every lazy execution and explain compiles (an executor hook; idempotent)."""
     from xla_dtensor.core import executor
-    from xla_dtensor.debug import metrics_report as timing
-    real = executor.execute
-
-    def execute(roots: list, donate: set[int] | None = None, partners: list | None = None, plan: Any = None) -> list:
-        c0 = metrics._COUNTS["compiles"]
-        t0 = time.perf_counter()
-        out = real(roots, donate, partners, plan)
-        dt = time.perf_counter() - t0
-        compiled = metrics._COUNTS["compiles"] != c0
-        timing.record("compile" if compiled else "execute", dt)
-        if compiled or STATE.debugging:
-            explain_lazy(roots, compiled, dt)
-        return out
-
-    execute.__wrapped__ = real  # type: ignore[attr-defined]
-    executor.execute = execute
-    _INSTALLED[0] = True
+    if _on_execute not in executor.ON_EXECUTE:
+        executor.ON_EXECUTE.append(_on_execute)

@@ -63,10 +63,12 @@ def test_the_flag_cell_check_finds_one(tmp_path):
     assert _flag_cells(probe) == ["probe.py:1"]
 
 
-def test_nothing_swaps_the_dispatch_function():
+def test_nothing_swaps_the_cores_functions():
+    """Eager mode and debugging are states and hooks (``core.state``, ``executor.ON_EXECUTE``),
+    not replaced functions."""
     swaps = [f"{p.relative_to(PKG)}:{i + 1}" for p in PKG.rglob("*.py")
              for i, line in enumerate(p.read_text().splitlines())
-             if re.search(r"\bdispatch(_mod)?\.dispatch\s*=[^=]", line)]
+             if re.search(r"\b(dispatch|_dispatch_mod|executor)\.(dispatch|record|execute|sync)\s*=[^=]", line)]
     assert swaps == []
 
 
