@@ -74,6 +74,9 @@ class AnytimeSettings:
     chunk_seed_stride: int = 7919   # a new seed per search chunk
     kernel_seed_stride: int = 31    # and per hot kernel
     deep_seed_offset: int = 97      # the deep kernel's MIP seed
+    worker_nice: int = 10           # workers yield the CPU to this process's dual (M's jump waits on it)
+    dual_alpha: float = 0.0625      # first price step size: M's bound at 800 sweeps 4.90e10 (1.0: 4.80e10)
+    dual_target_gap: float = 0.2    # Polyak target at most 20% above the bound (not the start plan's 3x)
 
 
 @dataclass
@@ -144,7 +147,7 @@ class AnytimeSearch:
         self.t0 = time.perf_counter()
         self.deadline = self.t0 + time_limit
         self.space = Space(compact)
-        self.dual = Dual(self.space)
+        self.dual = Dual(self.space, s.dual_alpha, s.dual_target_gap)
         self.start_objective = objective(compact, start)
         self.best_x, self.best = start.copy(), self.start_objective
         self.run_state = self._new_run(self.best_x, self.best)
@@ -197,9 +200,7 @@ class AnytimeSearch:
     # -- the loop ---------------------------------------------------------------------
     def run(self) -> AnytimeResult:
         s = self.settings
-        self.dual.run(min(s.first_dual_share * self.time_limit, s.first_dual_max), self.best)
-        self.bound_trace.append((time.perf_counter() - self.t0, self.dual.best))
-        self.tell()
+        self._first_dual(min(s.first_dual_share * self.time_limit, s.first_dual_max))
         reserve = s.reserve_share * self.time_limit
         while self.left() > 0.05 and not self.optimal:
             if (self.near(self.best) and self.best != self.deep_for
@@ -214,11 +215,28 @@ class AnytimeSearch:
                 break
         return self._finish()
 
+    def _first_dual(self, seconds: float) -> None:
+        """The first bound, in two halves: a second half still rising fast (M) makes the
+        dual hot at once, so the first search chunk is short (V's bound has settled)."""
+        half = self.dual.run(seconds / 2, self.best)
+        bound = self.dual.run(seconds / 2, self.best)
+        self.bound_trace.append((time.perf_counter() - self.t0, bound))
+        self.tell()
+        self.peers.exchange()  # the workers' plans give the gap its scale
+        self._set_hot(half, bound)
+
+    def _set_hot(self, before: float, bound: float) -> None:
+        """The dual is hot when its last chunk closed ``hot_rate`` of the gap (not near it)."""
+        s = self.settings
+        self.hot = (bound - before >= s.hot_rate * max(self.best - before, 0.0)
+                    and math.isfinite(before) and not self.near(self.best))
+        self.share = s.hot_share if self.hot else s.bound_share
+
     def _chunk_lengths(self) -> tuple[float, float]:
         """(search, dual) seconds of the next chunk pair."""
         s = self.settings
         dual_len = min(s.chunk * self.share / (1 - self.share), 1.5 * s.chunk)
-        hot_search = max(2.0, dual_len * (1 - self.share) / self.share)
+        hot_search = min(max(2.0, dual_len * (1 - self.share) / self.share), s.chunk)
         return (hot_search if self.hot and not self.polish else s.chunk), dual_len
 
     def _search_chunk(self) -> bool:
@@ -265,7 +283,6 @@ class AnytimeSearch:
 
     def _dual_chunk(self) -> bool:
         """Raise the bound for a chunk, fix, and re-rank; True when the solve is over."""
-        s = self.settings
         before = self.dual.best
         bound = self.dual.run(min(self.left(), self._chunk_lengths()[1]), self.best)
         self.bound_trace.append((time.perf_counter() - self.t0, bound))
@@ -278,9 +295,7 @@ class AnytimeSearch:
             if self._fix_and_solve():
                 return True
         # a bound still rising fast (M) earns the dual more time and re-ranks the kernel
-        self.hot = (bound - before >= s.hot_rate * max(self.best - before, 0.0)
-                    and math.isfinite(before) and not self.near(self.best))
-        self.share = s.hot_share if self.hot else s.bound_share
+        self._set_hot(before, bound)
         if self.hot and self.left() > 1.0:
             self._hot_kernel(bound)
         return False
@@ -322,7 +337,9 @@ class AnytimeSearch:
             return
         node_moves(state, self.deadline)
         pair_moves(state, self.deadline)
-        self.polish = state.obj < (1 - s.polish_jump) * self.best
+        # a full search chunk only for a jump that lands near the bound: one that does not
+        # (M's kernels before the bound is strong) is followed by the next dual chunk
+        self.polish = state.obj < (1 - s.polish_jump) * self.best and self.near(state.obj)
         self.stats["hot_kernel_better"] += 1
         self.adopt(state.x, state.obj, f"kernel on the dual's costs (bound {bound:.10g})")
         if self.near(self.best):  # only polishing gains now: the search gets the time back

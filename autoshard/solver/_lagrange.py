@@ -15,7 +15,8 @@ terms weighted by the prices, ``cap_r = limit - base_r``). So
 is a valid lower bound whatever ``lam`` and ``phi`` are. Messages are improved by MPLP
 block-coordinate steps on matchings (edges of one colour class share no node, so a
 class updates at once, vectorized); prices by projected subgradient steps (Polyak step
-towards the incumbent) using the usage of the node-wise minimizers.
+towards the incumbent, at most ``target_gap`` above the bound, scaled by ``alpha``) using
+the usage of the node-wise minimizers.
 
 The bound also fixes variables (:meth:`Dual.fixing`): a strategy or edge entry whose
 reparametrized excess over its minimum exceeds ``incumbent - bound`` appears in no plan
@@ -50,7 +51,7 @@ def _colour_edges(n: int, eu: np.ndarray, ev: np.ndarray) -> np.ndarray:
 class Dual:
     """Messages, prices and the bound of a :class:`~autoshard.solver._space.Space` problem."""
 
-    def __init__(self, space: Space) -> None:
+    def __init__(self, space: Space, alpha: float = 1.0, target_gap: float = math.inf) -> None:
         self.space = space
         compact = space.compact
         self.const = compact.const
@@ -78,7 +79,8 @@ class Dual:
                         for col in range(int(colour.max()) + 1 if colour.size else 0)]
         self.best = -math.inf
         self.snap = None          # (phi_r, phi_c, lam) at the best bound
-        self.alpha, self.stall = 1.0, 0
+        self.alpha, self.stall = alpha, 0
+        self.target_gap = target_gap  # the Polyak target at most this fraction above the bound
         self.sweeps = 0
 
     def _class(self, E: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -193,7 +195,8 @@ class Dual:
         if nrm <= 0 or not math.isfinite(target):
             return
         before = self.best
-        step = self.alpha * max(target - self.bound(), 0.0) / nrm
+        now = self.bound()
+        step = self.alpha * max(min(target - now, self.target_gap * abs(now)), 0.0) / nrm
         if self.best <= before:
             self.stall += 1
             if self.stall >= 4:  # no progress: smaller steps from the best point

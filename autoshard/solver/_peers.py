@@ -40,7 +40,8 @@ class PeerExchange:
             from autoshard.solver._portfolio import Portfolio
             stride = search.settings.worker_seed_stride
             self.portfolio = Portfolio(compact, start, search.time_limit - 0.5,
-                                       [search.seed + stride * i for i in range(1, workers)])
+                                       [search.seed + stride * i for i in range(1, workers)],
+                                       nice=search.settings.worker_nice)
 
     def exchange(self) -> None:
         """Take the caller's plan (in a worker) or the workers' (in the caller) if better;

@@ -53,7 +53,8 @@ class Portfolio:
     """Worker searches on ``compact`` from ``x0`` with the given seeds, each ending by
     ``time_limit`` seconds from now (wall clock; the workers' start-up counts)."""
 
-    def __init__(self, compact, x0: np.ndarray, time_limit: float, seeds: list[int]) -> None:
+    def __init__(self, compact, x0: np.ndarray, time_limit: float, seeds: list[int],
+                 nice: int = 0) -> None:
         deadline = time.time() + time_limit
         self._lock = threading.Lock()
         self._best: tuple[float, np.ndarray | None, float] = (math.inf, None, -math.inf)
@@ -68,7 +69,7 @@ class Portfolio:
             proc = subprocess.Popen([sys.executable, "-m", "autoshard.solver._portfolio"], env=env,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE)
-            _write(proc.stdin, (problem, seed))
+            _write(proc.stdin, (problem, seed, nice))
             th = threading.Thread(target=self._listen, args=(proc,), daemon=True)
             th.start()
             self._procs.append(proc)
@@ -125,7 +126,9 @@ class Portfolio:
 def _main() -> None:
     from autoshard.solver._anytime import AnytimeSearch, AnytimeSettings
 
-    problem, seed = _read(sys.stdin.buffer)
+    problem, seed, nice = _read(sys.stdin.buffer)
+    if nice > 0 and hasattr(os, "nice"):
+        os.nice(nice)  # the caller's dual, not this search, makes the big steps (M)
     compact, start, deadline = pickle.loads(problem)
     out = sys.stdout.buffer
     latest: list = [None]
