@@ -24,7 +24,7 @@ from xla_dtensor.spmd import (  # noqa: E402
     visualize_tensor_sharding,
 )
 from xla_dtensor import _torch_hook  # noqa: E402
-from xla_dtensor.checkpoint import hooks as _dcp_hooks  # noqa: E402,F401  (DCP's tensor methods on LazyTensor)
+from xla_dtensor import _dcp_protocol  # noqa: E402,F401  (DCP's tensor methods on LazyTensor)
 from xla_dtensor import runtime  # noqa: E402  (fast paths and debuggability)
 from xla_dtensor import dynamo_route as _dynamo_route  # noqa: E402
 from xla_dtensor.ops import predicates as _predicates  # noqa: E402

@@ -1,7 +1,7 @@
 """torch.distributed.checkpoint's tensor protocol for lazy tensors (what DTensor implements).
 
-DCP asks a tensor three things (:func:`install` puts the three methods on ``LazyTensor``;
-``import xla_dtensor`` calls it):
+DCP asks a tensor three things (``xla_dtensor._dcp_protocol`` puts the three methods on
+``LazyTensor``, forwarding here):
 
 * ``__create_write_items__``: one write item per distinct shard this process holds
   (replica 0 only, padding cut off), so a replicated value is written once;
@@ -322,17 +322,3 @@ class _Stage(torch.Tensor):
 
 
 _VIEWS = {torch.Tensor.narrow, torch.Tensor.detach, torch.Tensor.__getitem__, torch.narrow, torch.detach}
-
-
-def install() -> None:
-    """Give ``LazyTensor`` (and so ``XLAShardedTensor``) DCP's three tensor methods (idempotent)."""
-    LazyTensor.__create_write_items__ = _create_write_items  # type: ignore[attr-defined]
-    LazyTensor.__create_chunk_list__ = chunk_list  # type: ignore[attr-defined]
-    LazyTensor.__get_tensor_shard__ = tensor_shard  # type: ignore[attr-defined]
-
-
-def _create_write_items(t: LazyTensor, fqn: str, obj: Any) -> list[WriteItem]:
-    return write_items(fqn, t)
-
-
-install()

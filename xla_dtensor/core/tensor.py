@@ -158,7 +158,7 @@ class LazyTensor(torch.Tensor):
 
     # NOTE: torch.distributed.checkpoint's tensor protocol (``__create_write_items__``,
     # ``__create_chunk_list__``, ``__get_tensor_shard__``) is installed on this class by
-    # xla_dtensor.checkpoint.hooks, which ``import xla_dtensor`` loads.
+    # xla_dtensor._dcp_protocol, which ``import xla_dtensor`` loads.
 
 
 class _FlatCtx(tuple):
