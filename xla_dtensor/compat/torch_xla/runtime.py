@@ -19,6 +19,10 @@ import jax
 
 from xla_dtensor import runtime as _rt
 from xla_dtensor.spmd import runtime as _spmd_rt
+# the same as the project's own: the job's processes and devices, SPMD always on
+from xla_dtensor.spmd.runtime import (  # noqa: F401  (re-exported)
+    addressable_runtime_device_count, global_runtime_device_count, is_spmd, process_count, process_index,
+)
 
 __all__ = [
     "addressable_device_count", "addressable_runtime_device_count", "device_type", "global_device_count",
@@ -32,11 +36,6 @@ def use_spmd(auto: bool = False) -> None:
     """Switch SPMD on (always on here); ``auto=True`` switches on the AUTO sharding policy,
     which plans at the first ``sync()`` of a training step that runs an optimizer."""
     _spmd_rt.use_spmd(auto)
-
-
-def is_spmd() -> bool:
-    """Always ``True``: every program is SPMD over all devices."""
-    return _spmd_rt.is_spmd()
 
 
 def world_size() -> int:
@@ -54,14 +53,6 @@ def local_ordinal() -> int:
     return 0
 
 
-def process_index() -> int:
-    return jax.process_index()
-
-
-def process_count() -> int:
-    return jax.process_count()
-
-
 def host_index() -> int:
     return jax.process_index()
 
@@ -69,16 +60,6 @@ def host_index() -> int:
 def local_process_count() -> int:
     """1: one process per host."""
     return 1
-
-
-def global_runtime_device_count() -> int:
-    """All devices of the job."""
-    return jax.device_count()
-
-
-def addressable_runtime_device_count() -> int:
-    """The devices this process drives."""
-    return jax.local_device_count()
 
 
 def global_device_count() -> int:
