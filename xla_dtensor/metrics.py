@@ -22,6 +22,7 @@ NAMES = (
     "signature_misses",  # new (op, argument signature): shape inference ran
     "ops_recorded",      # IR nodes created
     "hash_cons_hits",    # ops that found an identical existing node
+    "plans_reused",      # sync()s whose plan came from an identical earlier recording (core.plan_cache)
     "fused_attention",   # attention calls recorded as one fused attention op (xla_dtensor.ops.fused_attention)
     "fused_attention_fallbacks",  # of those, lowered with XLA's math where the GPU/TPU kernel refused them
 )

@@ -19,9 +19,9 @@ import torch
 
 from xla_dtensor import metrics
 from xla_dtensor.config import config
-from xla_dtensor.core import index_checks, state, threads
+from xla_dtensor.core import index_checks, plan_cache, state, threads
 from xla_dtensor.core.dtypes import to_jax
-from xla_dtensor.core.ir import DATA, Node, clear_cons, data_leaf
+from xla_dtensor.core.ir import DATA, Node, clear_cons, data_leaf, tape
 from xla_dtensor.core.peer_errors import guard
 from xla_dtensor.core.state import STATE
 from xla_dtensor.core.tensor import LazyTensor, Storage, live, value_of
@@ -41,6 +41,19 @@ ON_EXECUTE: list[Callable[[list[Node], bool, float], None]] = []  # after each e
 # per device leaf made from host data; jit.capture tells constant reads from data-dependent ones.
 # dead inputs (e.g. a step's batch) are donated too; XLA just cannot reuse some of them
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+
+
+class Struct(tuple):
+    """A plan's structure (a tuple) that hashes once: a GPT step's has ~4,000 entries, and the program
+    cache, the activation tables and the replay checks each hashed it again (~0.5 ms a time)."""
+
+    _hash: int | None = None
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if h is None:
+            h = self._hash = tuple.__hash__(self)
+        return h
 
 
 class Plan(NamedTuple):
@@ -95,7 +108,7 @@ def make_plan(roots: list[Node]) -> Plan:
                 wiring.append(w)
                 shardings.append(sh)
     outs = [pos[id(r)] for r in roots]
-    return Plan(tuple(struct), order, leaves, fns, wiring, shardings, outs)
+    return Plan(Struct(struct), order, leaves, fns, wiring, shardings, outs)
 
 
 def lower(plan: Plan, donate_idx: tuple[int, ...] = (), order: list[int] | None = None) -> Any:
@@ -385,7 +398,8 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
         for hook in PRE_SYNC if pre_hooks else ():
             hook(pending)
     roots = [s.value for s in pending] + check_roots
-    plan = make_plan(roots)  # NOTE: one walk of the graph, shared with execute (a second one cost ~10% of a sync)
+    # NOTE: one walk of the graph (none when the step repeats), shared with execute (a second one cost ~10% of a sync)
+    plan = make_plan(roots) if STATE.multi else plan_cache.plan(roots, make_plan)
     if deferred:
         plan = _deferred(plan, pending, before)
     if foreign or index_checks.PENDING:
@@ -396,6 +410,7 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
     for s, arr in zip(pending, arrays):
         s.value = data_leaf(arr, s.meta[0], s.meta[1])
         s.version += 1
+    tape([s.value for s in pending])  # the next step reads them (plan_cache numbers its leaves by the tape)
     for hook in POST_SYNC:
         hook(pending)
     return arrays[:len(pending)], checks, arrays[len(pending):], owner

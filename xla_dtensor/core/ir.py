@@ -31,13 +31,14 @@ class Node:
     graph writer keeps so layer clustering sees forward, backward and optimizer in turn).
     """
 
-    __slots__ = ("op", "key", "inputs", "hash", "fn", "data", "sharding", "seq", "__weakref__")
+    __slots__ = ("op", "key", "inputs", "hash", "fn", "data", "sharding", "seq", "tix", "__weakref__")
 
     def __init__(self, op: Any, key: Any, inputs: tuple[Node, ...], h: int,
                  fn: Callable[..., Any] | None, data: Any = None) -> None:
         self.op, self.key, self.inputs, self.hash, self.fn, self.data = op, key, inputs, h, fn, data
         self.sharding = None
         self.seq = next(_SEQ)
+        self.tix = -1  # its place on the tape (see recorded), when taped
 
     @property
     def is_leaf(self) -> bool:
@@ -56,11 +57,44 @@ class Node:
 # entries between the same barriers every time, so the graphs, and their programs, repeat.
 _CONS: dict[tuple, Node] = {}
 CONS_LIMIT = 1 << 16
+# The tape: the op nodes made since the last barrier, the scalar parameters recorded and the storages'
+# new leaves of the barrier, in creation order (core.plan_cache reads a repeated step's plan off it).
+# A taped node's ``tix`` is _BASE plus its index; _BASE moves on at each barrier, so an older node's
+# tix is out of range. Past TAPE_LIMIT nodes the tape is dropped until the next barrier (``None``):
+# a program that never syncs does not keep every node alive.
+_TAPE: list[Node] | None = []
+_BASE = 0
+TAPE_LIMIT = 1 << 18
 
 
 def clear_cons() -> None:
-    """Forget the hash-consing table (at a barrier: the pending graph it indexes has been computed)."""
+    """Forget the hash-consing table and start a new tape (at a barrier: the pending graph they index
+    has been computed)."""
+    global _TAPE, _BASE
     _CONS.clear()
+    _TAPE = []
+    _BASE += 1 << 32
+
+
+def recorded() -> tuple[list[Node], int] | None:
+    """(the tape, the ``tix`` of its first node), or ``None`` when more than ``TAPE_LIMIT`` were recorded."""
+    return None if _TAPE is None else (_TAPE, _BASE)
+
+
+def tape(nodes: list[Node]) -> None:
+    """Put ``nodes`` (leaves made at a barrier, after :func:`clear_cons`) on the tape."""
+    t = _TAPE
+    if t is not None:
+        for node in nodes:
+            node.tix = _BASE + len(t)
+            t.append(node)
+        if len(t) > TAPE_LIMIT:
+            _drop_tape()
+
+
+def _drop_tape() -> None:
+    global _TAPE
+    _TAPE = None
 
 
 def make_node(op: Any, key: Any, key_hash: int, inputs: tuple[Node, ...], fn: Callable[..., Any]) -> Node:
@@ -82,6 +116,12 @@ def make_node(op: Any, key: Any, key_hash: int, inputs: tuple[Node, ...], fn: Ca
     if len(_CONS) >= CONS_LIMIT:
         _CONS.clear()
     _CONS[ck] = node
+    t = _TAPE
+    if t is not None:
+        node.tix = _BASE + len(t)
+        t.append(node)
+        if len(t) > TAPE_LIMIT:
+            _drop_tape()
     metrics._COUNTS["ops_recorded"] += 1
     return node
 
@@ -108,7 +148,12 @@ def data_leaf(array: Any, shape: tuple[int, ...], dtype: Any) -> Node:
 def param_leaf(value: int | float | complex) -> Node:
     """A scalar-parameter leaf: its value is a graph input, not a constant."""
     key = (PARAM, type(value))
-    return Node(PARAM, key, (), hash(key), None, value)
+    node = Node(PARAM, key, (), hash(key), None, value)
+    t = _TAPE
+    if t is not None and STATE.consing:
+        node.tix = _BASE + len(t)
+        t.append(node)
+    return node
 
 
 _GETITEMS: dict[int, tuple[tuple, int, Callable[[Any], Any]]] = {}  # i -> (key, its hash, fn)
@@ -136,6 +181,7 @@ def getitems(node: Node, indices: Iterable[int]) -> list[Node]:
     out: list[Node] = []
     nid, nh, inputs = id(node), node.hash, (node,)
     hits = new = 0
+    t, base = _TAPE, _BASE
     for i in indices:
         key, kh, fn = _getitem_entry(i)
         ck = (kh, nid)
@@ -147,8 +193,13 @@ def getitems(node: Node, indices: Iterable[int]) -> list[Node]:
             if len(_CONS) >= CONS_LIMIT:
                 _CONS.clear()
             _CONS[ck] = g
+            if t is not None:
+                g.tix = base + len(t)
+                t.append(g)
             new += 1
         out.append(g)
+    if t is not None and len(t) > TAPE_LIMIT:
+        _drop_tape()
     counts = metrics._COUNTS
     counts["hash_cons_hits"] += hits
     counts["ops_recorded"] += new

@@ -1,0 +1,146 @@
+"""A repeated step's plan read off the tape (core.plan_cache) equals the graph walk's, on one device and
+sharded (DP, 2x4 TP, FSDP, AUTO), on transformers' GPT-2.
+
+Oracles: ``executor.make_plan`` (the walk) on the same roots at every sync, node for node;
+torch CPU eager for the losses; hand-built graphs whose node hashes agree but whose wiring
+or layout does not.
+"""
+from __future__ import annotations
+
+import copy
+
+import jax.numpy as jnp
+import pytest
+import torch
+
+import xla_dtensor
+import xla_dtensor.spmd as xs
+from xla_dtensor import metrics
+from xla_dtensor.core import executor, ir, plan_cache
+from xla_dtensor.core.ir import data_leaf, make_node
+from xla_dtensor.fsdp import shard_model
+
+from tests._train import sharded_batch, train
+from tests.xla_dtensor.ops._attention_models import hf_gpt2, tp_2x4
+
+
+@pytest.fixture
+def checked(monkeypatch):
+    """Every sync's plan compared with a fresh walk of the same roots; yields the syncs' (reused?) list."""
+    seen: list[bool] = []
+    real = plan_cache.plan
+
+    def spy(roots, walk):
+        before = metrics.counters()["plans_reused"]
+        got = real(roots, walk)
+        want = executor.make_plan(roots)
+        assert got.struct == want.struct and got.wiring == want.wiring and got.outs == want.outs
+        assert [id(n) for n in got.order] == [id(n) for n in want.order]
+        assert [id(n) for n in got.leaves] == [id(n) for n in want.leaves]
+        assert got.fns == want.fns and got.shardings == want.shardings
+        seen.append(metrics.counters()["plans_reused"] > before)
+        return got
+    monkeypatch.setattr(plan_cache, "plan", spy)
+    return seen
+
+
+def _adamw(params):
+    return torch.optim.AdamW(params, lr=3e-3, weight_decay=0.1)
+
+
+def _loss(model):
+    return lambda x, y: model(input_ids=x, labels=y).loss
+
+
+BATCHES = [(torch.randint(0, 64, (8, 16), generator=torch.Generator().manual_seed(s)),
+            torch.randint(0, 64, (8, 16), generator=torch.Generator().manual_seed(s + 100))) for s in range(6)]
+
+
+def _layout(mode: str, model: torch.nn.Module, dev):
+    """``model`` on the device laid out for ``mode``, and the batch placer."""
+    if mode == "one":
+        return model.to(dev), (lambda t: t.to(dev))
+    if mode == "dp":
+        return model.to(dev), sharded_batch(xs.Mesh(range(8), (8,), ("data",)), dev)
+    if mode == "tp":
+        return tp_2x4(model.to(dev)), (lambda t: t.to(dev))
+    if mode == "fsdp":
+        return shard_model(model, xs.Mesh(range(8), (8,), ("fsdp",))), (lambda t: t.to(dev))
+    mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
+    return xs.distribute_module(model, mesh, partition_fn=xs.AutoPolicy(time_limit=5, cache_dir=False)), \
+        (lambda t: t.to(dev))
+
+
+@pytest.fixture(scope="module")
+def hf_cpu_losses():
+    model = hf_gpt2(1, "eager")
+    ref = copy.deepcopy(model)
+    return model, train(_loss(ref), BATCHES, _adamw(ref.parameters()))
+
+
+@pytest.mark.filterwarnings("ignore::autoshard.solver.SolverTimeoutWarning")
+@pytest.mark.parametrize("mode", ["one", "dp", "tp", "fsdp", "auto"])
+def test_hf_gpt2_steps_reuse_the_walk_and_train_like_cpu(hf_cpu_losses, checked, dev, mode):
+    base, want = hf_cpu_losses
+    model, put = _layout(mode, copy.deepcopy(base), dev)
+    got = train(_loss(model), BATCHES, _adamw(model.parameters()), put=put, sync=xla_dtensor.sync)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)
+    assert sum(checked) >= 3, checked  # the steps after the optimizer's first ones repeat
+
+
+def _leaves():
+    return [data_leaf(jnp.ones(3), (3,), torch.float32) for _ in range(2)]
+
+
+def _add(a, b):
+    return make_node("add", ("add",), hash(("add",)), (a, b), jnp.add)
+
+
+def test_equal_node_hashes_with_other_wiring_are_another_structure():
+    a, b = _leaves()
+    ir.clear_cons()
+    n1 = _add(a, b)
+    s1 = plan_cache._structure([n1])
+    ir.clear_cons()
+    n2 = _add(a, a)
+    s2 = plan_cache._structure([n2])
+    ir.clear_cons()
+    assert n1.hash == n2.hash and a.hash == b.hash  # leaves hash by metadata: the hashes cannot tell them apart
+    assert s1[0] != s2[0]
+    ir.clear_cons()
+    assert plan_cache._structure([_add(a, b)])[0] == s1[0]  # and the same wiring again is the same structure
+
+
+def test_a_sharding_set_on_a_node_is_another_structure():
+    a, b = _leaves()
+    ir.clear_cons()
+    plain = plan_cache._structure([_add(a, b)])[0]
+    ir.clear_cons()
+    n = _add(a, b)
+    n.sharding = object()  # as an activation table sets it: by identity, not by the node's key
+    assert plan_cache._structure([n])[0] != plain
+    ir.clear_cons()
+
+
+def test_a_value_recorded_before_a_host_read_is_walked(dev, checked):
+    x = torch.ones(4, device=dev)
+    xla_dtensor.sync()
+    y = x * 2  # pending across the host read below, which starts a new tape
+    assert (x * 3).cpu().tolist() == [3.0] * 4
+    z = y + 1
+    assert plan_cache._structure([xla_dtensor.core.tensor.value_of(z)]) is None
+    xla_dtensor.sync()
+    assert z.cpu().tolist() == [3.0] * 4 and checked[-1] is False
+
+
+def test_past_the_tape_limit_the_graph_is_walked(dev, checked, monkeypatch):
+    monkeypatch.setattr(ir, "TAPE_LIMIT", 4)
+    x = torch.ones(3, device=dev)
+    for _ in range(3):
+        y = x
+        for _ in range(6):
+            y = y + 1
+        assert ir.recorded() is None
+        xla_dtensor.sync()
+        assert y.cpu().tolist() == [7.0] * 3
+    assert not any(checked)
