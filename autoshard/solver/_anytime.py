@@ -10,8 +10,9 @@ start plan, and the plans runs end with are merged (the exact optimum over the
 strategies they use). While the bound still rises fast the dual gets most of the time,
 and its reparametrized costs pick the strategies of a kernel MIP around the best plan.
 More runs go on in worker processes (:mod:`autoshard.solver._portfolio`), which get the
-caller's better plans. Every tuned number is a field of :class:`AnytimeSettings`; how
-they were measured is in docs/autoshard.md ("Runs and workers").
+caller's better plans. Every tuned number is a field of :class:`AnytimeSettings`
+(:mod:`autoshard.solver._anytime_settings`); how they were measured is in
+docs/autoshard.md ("Runs and workers").
 
 Example:
     >>> result = AnytimeSearch(compact, start, 30.0, seed=1).run()  # doctest: +SKIP
@@ -22,12 +23,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
 
 from autoshard.solver._cmodel import solve_compact
+from autoshard.solver._anytime_settings import AnytimeResult, AnytimeSettings
 from autoshard.solver._compact import Compact, Infeasible, objective, plan_of, restrict, x_of
 from autoshard.solver._contract import contract
 from autoshard.solver._lagrange import Dual
@@ -40,54 +42,6 @@ __all__ = ["AnytimeSearch", "AnytimeSettings", "AnytimeResult", "anytime"]
 
 Report = Callable[[float, np.ndarray, float], None]
 Inbox = Callable[[], "tuple[float, np.ndarray, float] | None"]
-
-
-@dataclass(frozen=True, slots=True)
-class AnytimeSettings:
-    """The tuned numbers of :class:`AnytimeSearch`, each with the reason for its value."""
-
-    exact_entries: int = 150_000    # a fixed problem this small is solved by the MIP (as the exact path)
-    bound_share: float = 0.15       # dual's share of a chunk pair while the bound creeps
-    hot_share: float | None = None  # ... while it rises fast; None: 0.85 with workers (they search), else 0.6
-    hot_rate: float = 0.02          # a dual chunk closing 2% of the gap counts as rising fast (M)
-    near_gap: float = 0.03          # within 3% of the bound only polishing gains (M after its kernel jump)
-    deep_min: float = 30.0          # the deep kernel's MIP needs 33 s on M's jump plans
-    every: float = 5.0              # seconds between progress lines
-    restart_after: float | None = None  # stall that ends a run; None: limit/20, at least 15 s
-    restart_share: float = 0.05     # V's runs reach their plan in 2-15 s, then find nothing
-    restart_min: float = 15.0
-    chunk: float | None = None      # search chunk; None: 12% of the limit within [10, 20] s
-    chunk_share: float = 0.12
-    chunk_range: tuple[float, float] = (10.0, 20.0)  # long enough to climb, short for the dual
-    max_budget: int = 200_000       # largest LNS sub-problem (variables)
-    run_budget: int = 3000          # LNS size a new run starts from (~0.5 s sub-solves on V)
-    max_elite: int = 8              # run ends merged at once: 654 strategies on V, 0.1 s
-    merge_share: float = 0.05       # time of a merge: 5% of the limit, at least 2 s
-    merge_min: float = 2.0
-    first_dual_share: float | None = None  # first bound and kernel ranking; None: 3% of the limit
-    #   alone, 20% with workers (they search from the start; M's jump waits for the bound)
-    first_dual_max: float | None = None    # ... at most 10 s alone, 20 s with workers
-    reserve_share: float = 0.1      # the deep kernel leaves 10% of the limit to the polish after it
-    kernel_strategies: int = 2      # per node in the dual-cost kernels: 3-6 are not solved in 30 s on M
-    polish_jump: float = 0.01       # a kernel moving the plan 1% gets a full search chunk next
-    worker_seed_stride: int = 1009  # workers' seeds: seed + 1009 i (primes keep the streams apart)
-    chunk_seed_stride: int = 7919   # a new seed per search chunk
-    kernel_seed_stride: int = 31    # and per hot kernel
-    deep_seed_offset: int = 97      # the deep kernel's MIP seed
-    worker_nice: int = 10           # workers yield the CPU to this process's dual (M's jump waits on it)
-    dual_alpha: float = 0.0625      # first price step size: M's bound at 800 sweeps 4.90e10 (1.0: 4.80e10)
-    dual_target_gap: float = 0.2    # Polyak target at most 20% above the bound (not the start plan's 3x)
-
-
-@dataclass
-class AnytimeResult:
-    x: np.ndarray
-    objective: float
-    bound: float
-    optimal: bool
-    trace: list[tuple[float, float]]          # (seconds, incumbent)
-    bound_trace: list[tuple[float, float]]    # (seconds, bound)
-    stats: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -216,14 +170,27 @@ class AnytimeSearch:
         return self._finish()
 
     def _first_dual(self, seconds: float) -> None:
-        """The first bound, in two halves: a second half still rising fast (M) makes the
-        dual hot at once, so the first search chunk is short (V's bound has settled)."""
-        half = self.dual.run(seconds / 2, self.best)
-        bound = self.dual.run(seconds / 2, self.best)
+        """The first bound, in slices of half ``seconds``: while one still closes
+        ``first_rate`` of the gap (M), the dual goes on (up to ``first_cap`` of the limit)
+        and the kernel follows at once; V's bound has settled after two slices."""
+        s, piece = self.settings, seconds / 2
+        before = self.dual.run(piece, self.best)
+        bound = self.dual.run(piece, self.best)
+        self.peers.exchange()  # the workers' plans give the gap its scale
+        slices = 2
+        while ((slices + 1) * piece <= s.first_cap * self.time_limit and math.isfinite(before)
+               and not proved(bound, self.best)
+               and bound - before >= s.first_rate * max(self.best - before, 0.0)):
+            before, bound = bound, self.dual.run(piece, self.best)
+            slices += 1
+            self.peers.exchange()
         self.bound_trace.append((time.perf_counter() - self.t0, bound))
         self.tell()
-        self.peers.exchange()  # the workers' plans give the gap its scale
-        self._set_hot(half, bound)
+        self.stats["first_slices"] = slices
+        self.say(f"first bound {bound:.10g} after {slices} slices of {piece:.1f}s")
+        self._set_hot(before, bound)
+        if slices > 2 and not self.near(self.best):
+            self._hot_kernel(bound)
 
     def _set_hot(self, before: float, bound: float) -> None:
         """The dual is hot when its last chunk closed ``hot_rate`` of the gap (not near it)."""
@@ -348,11 +315,12 @@ class AnytimeSearch:
 
     def _deep_kernel(self, seconds: float) -> None:
         """The best plan's kernel solved by the MIP (the LP dive that made M's jump
-        cannot trade memory at the limit: 4.99321e10 to 4.99179e10 in 33 s)."""
-        state = State(self.space, self.best_x)
+        cannot trade memory at the limit: 4.99291e10 to 4.99169e10 in 10 s)."""
+        s, state = self.settings, State(self.space, self.best_x)
+        seconds = min(seconds, s.deep_max)
         self.say(f"near the bound: the kernel by the MIP for {seconds:.0f}s")
-        gains, _, _ = kernel_move(state, self.dual.theta_at_best(), self.settings.kernel_strategies,
-                                  seconds, self.seed + self.settings.deep_seed_offset, exact=True)
+        gains, _, _ = kernel_move(state, self.dual.theta_at_best(), s.deep_score, seconds,
+                                  self.seed + s.deep_seed_offset, exact=True, c_theta=s.deep_theta)
         self.stats["deep_kernels"] += 1
         if gains:
             node_moves(state, self.deadline)

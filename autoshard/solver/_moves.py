@@ -277,25 +277,30 @@ def top_strategies(space: Space, val: np.ndarray, c: int) -> np.ndarray:
     return rank < c
 
 
-def best_few(space: Space, x: np.ndarray, theta: np.ndarray | None, c: int) -> np.ndarray:
+def best_few(space: Space, x: np.ndarray, theta: np.ndarray | None, c: int,
+             c_theta: int | None = None) -> np.ndarray:
     """Mask of each node's ``c`` best strategies by score given ``x`` and, when given,
-    its ``c`` best by reparametrized cost ``theta``."""
+    its ``c_theta`` (default ``c``) best by reparametrized cost ``theta``."""
     keep = top_strategies(space, space.scores(x), c)
-    return keep | top_strategies(space, theta, c) if theta is not None else keep
+    if theta is None:
+        return keep
+    return keep | top_strategies(space, theta, c if c_theta is None else c_theta)
 
 
 def kernel_move(state: State, theta: np.ndarray | None, c: int, time_limit: float,
-                seed: int, exact: bool = False) -> tuple[bool, bool, float]:
-    """Re-solve the whole problem with each node restricted to its current strategy and
-    its ``c`` best by score and by reparametrized cost ``theta``: by the LP dive when
-    large, or by the MIP (hinted with the current plan) whatever the size if ``exact``.
+                seed: int, exact: bool = False, c_theta: int | None = None) -> tuple[bool, bool, float]:
+    """Re-solve the whole problem with each node restricted to its current strategy,
+    its ``c`` best by score and its ``c_theta`` (default ``c``) best by reparametrized
+    cost ``theta``: by the LP dive when large, or by the MIP (hinted with the current
+    plan) whatever the size if ``exact``.
 
     The dive rounds the LP's few fractional nodes with the rest fixed, which loses the
     memory trades a plan at the limit needs (IOPDDL M jump plan 4.99321e10: the dive's
     kernel keeps it, the MIP's proves 4.99238e10 optimal in 33 s, 4.99179e10 after node
     and pair moves)."""
     space = state.space
-    new, res = _solve_over(space, best_few(space, state.x, theta, c), state.x, time_limit, seed, exact)
+    keep = best_few(space, state.x, theta, c, c_theta)
+    new, res = _solve_over(space, keep, state.x, time_limit, seed, exact)
     if res.status in FAILED:
         state.failures += 1
     if new is None:

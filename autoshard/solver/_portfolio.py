@@ -139,7 +139,7 @@ def _main() -> None:
 
     threading.Thread(target=listen, daemon=True).start()
     # workers search; the caller's process keeps the dual (and its kernels) going
-    settings = AnytimeSettings(bound_share=0.05, hot_rate=math.inf)
+    settings = AnytimeSettings(bound_share=0.05, hot_rate=math.inf, first_rate=math.inf)
     AnytimeSearch(compact, start, max(deadline - time.time(), 0.0), settings=settings, seed=seed,
                   report=lambda obj, x, bound: _write(out, (obj, x, bound)),
                   inbox=lambda: latest[0]).run()

@@ -372,3 +372,33 @@ def test_workers_stopped_at_close_are_counted_apart_from_failures() -> None:
     pf.close(wait=0.0)
     assert pf.killed == 2 and pf.errors == []
     assert all(proc.poll() is not None for proc in pf._procs)
+
+
+def test_kernel_takes_its_own_count_by_the_dual_costs() -> None:
+    # oracle: the mask is each node's best by score given x0 and its 2 lowest theta
+    from autoshard.solver._moves import best_few, top_strategies
+    p = tied_problem(650, n=12, memory="tight")
+    cp = _compact(p)
+    sp = Space(cp)
+    x0 = start_plan(cp, sp)
+    theta = np.random.default_rng(0).random(int(cp.off[-1]))
+    keep = best_few(sp, x0, theta, 1, 2)
+    for u in range(cp.n):
+        lo, hi = int(cp.off[u]), int(cp.off[u + 1])
+        want = set(np.argsort(theta[lo:hi], kind="stable")[:2].tolist())
+        want |= set(np.flatnonzero(top_strategies(sp, sp.scores(x0), 1)[lo:hi]).tolist())
+        assert set(np.flatnonzero(keep[lo:hi]).tolist()) == want
+    assert (best_few(sp, x0, theta, 1, 1) == best_few(sp, x0, theta, 1)).all()
+
+
+def test_first_bound_goes_on_while_it_rises() -> None:
+    # a slice closing any part of the gap (first_rate 0) extends the first dual up to
+    # first_cap of the limit; first_rate inf keeps the two halves
+    from autoshard.solver._anytime import anytime
+    _, _, cp, x0 = _anytime_case(430, 30)
+    slices = {}
+    for rate in (0.0, math.inf):
+        res = anytime(cp, x0, 2.0, seed=0, chunk=0.3, max_budget=12, exact_entries=0,
+                      first_rate=rate, first_cap=0.3)
+        slices[rate] = res.stats.get("first_slices", 0)
+    assert slices[math.inf] == 2 and slices[0.0] > 2
