@@ -304,12 +304,17 @@ def placed_scalars(compiled: Any, key: Any, args: list[Any]) -> list[Any]:
             _SCALAR_SLOTS.clear()
         shardings = compiled.input_shardings[0]
         idx = [j for j, a in enumerate(args) if type(a) in _SCALAR_TYPES]
-        entry = _SCALAR_SLOTS[id(compiled)] = [compiled, idx, [shardings[j] for j in idx], None, None]
+        one: dict[Any, Any] = {}  # equal shardings as one object: _scalar_array finds arrays by its identity
+        entry = _SCALAR_SLOTS[id(compiled)] = [compiled, idx, [one.setdefault(shardings[j], shardings[j]) for j in idx],
+                                               None, None]
     _, idx, shardings, last, arrays = entry
     values = [args[j] for j in idx]
     # NOTE: the key of ``compiled`` fixes each slot's Python type, so == is enough (a NaN never matches)
     if values != last:
-        arrays = [_scalar_array(v, sh) for v, sh in zip(values, shardings)]
+        if last is None:
+            arrays = [_scalar_array(v, sh) for v, sh in zip(values, shardings)]
+        else:  # only the slots that changed (AdamW's bias corrections, not its betas and rates)
+            arrays = [a if v == w else _scalar_array(v, sh) for v, w, a, sh in zip(values, last, arrays, shardings)]
         entry[3], entry[4] = values, arrays
     for j, arr in zip(idx, arrays):
         args[j] = arr
@@ -317,13 +322,14 @@ def placed_scalars(compiled: Any, key: Any, args: list[Any]) -> list[Any]:
 
 
 def _scalar_array(v: Any, sharding: Any) -> Any:
-    k = (type(v), v, sharding)
-    arr = _SCALAR_ARRAYS.get(k)
-    if arr is None:
+    # NOTE: keyed by the sharding's id (hashing a NamedSharding runs Python); the entry keeps it alive
+    k = (type(v), v, id(sharding))
+    hit = _SCALAR_ARRAYS.get(k)
+    if hit is None or hit[0] is not sharding:
         if len(_SCALAR_ARRAYS) > 4096:  # a schedule makes new values every step: keep recent ones only
             _SCALAR_ARRAYS.clear()
-        arr = _SCALAR_ARRAYS[k] = jax.device_put(jax.numpy.asarray(v), sharding)
-    return arr
+        hit = _SCALAR_ARRAYS[k] = (sharding, jax.device_put(jax.numpy.asarray(v), sharding))
+    return hit[1]
 
 
 def _deferred(plan: Plan, pending: list[Storage], before: list[Node]) -> Plan:
