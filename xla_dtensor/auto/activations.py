@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from xla_dtensor.core.ir import topo_order
@@ -77,14 +77,14 @@ class ActivationTable:
         self.applied = hit
         return hit
 
-    def constrain(self, plan: Any, skip: set[int], limit: int) -> Any:
+    def constrain(self, plan: Any, skip: Callable[[], set[int]], limit: int) -> Any:
         """``plan`` (an ``executor.Plan``) with the table's constraints set on its nodes and shardings,
         its ``struct`` extended by this table's token. The nodes counted are the op nodes of
-        ``plan.order[:limit]`` not in ``skip`` (ids of nodes the sync hooks added): the graph
-        :meth:`apply` would have walked."""
+        ``plan.order[:limit]`` not in ``skip()`` (ids of nodes the sync hooks added, asked for only
+        when the structure is new): the graph :meth:`apply` would have walked."""
         pairs = self._positions.get(plan.struct)
         if pairs is None:
-            pairs = self._find(plan.order, skip, limit)
+            pairs = self._find(plan.order, skip(), limit)
             if len(self._positions) >= self.CACHED:
                 self._positions.clear()
             self._positions[plan.struct] = pairs

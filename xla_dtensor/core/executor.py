@@ -34,7 +34,7 @@ KEEP_PENDING: list[Callable[[Storage], bool]] = []  # materialize() leaves such 
 ON_EXECUTE: list[Callable[[list[Node], bool, float], None]] = []  # after each execute: (roots, compiled, seconds)
 # NOTE: while sync() runs PRE_SYNC (inside state.deferring()), a hook may queue node constraints to lay on
 # the graph's walk instead of walking it itself (state.defer): objects with
-# ``constrain(plan, skip, limit) -> Plan`` (see _deferred).
+# ``constrain(plan, skip, limit) -> Plan``, ``skip`` a function giving a set of node ids (see _deferred).
 # While xla_dtensor.compile records a function (STATE.capturing), work on device data must become graph
 # nodes (a layout change done at once would be baked into the program as a constant), and the capture's
 # log gets, in order: ("read", value before, value after) per host read of a device value, ("host", leaf)
@@ -334,10 +334,25 @@ def _scalar_array(v: Any, sharding: Any) -> Any:
 
 def _deferred(plan: Plan, pending: list[Storage], before: list[Node]) -> Plan:
     """``plan`` with the deferred constraints (``STATE.deferred``) laid on it. Each sees the graph as the hooks found it:
-    ``skip``, the ids of the nodes a hook wrapped around a storage's value (a chain of one-input
-    nodes down to the value before the hooks, e.g. a sticky layout's constraint), and ``limit``,
-    the end of the pending values' part of ``plan.order`` (index checks' roots come after)."""
+    ``skip()``, the ids of the nodes a hook wrapped around a storage's value (a chain of one-input
+    nodes down to the value before the hooks, e.g. a sticky layout's constraint), computed when
+    first asked (a table asks once per graph structure), and ``limit``, the end of the pending
+    values' part of ``plan.order`` (index checks' roots come after)."""
     tables, STATE.deferred = STATE.deferred, []
+    found: list[set[int]] = []
+
+    def skip() -> set[int]:
+        if not found:
+            found.append(_wrapped(pending, before))
+        return found[0]
+    limit = max(plan.outs[:len(pending)]) + 1
+    for t in tables:
+        plan = t.constrain(plan, skip, limit)
+    return plan
+
+
+def _wrapped(pending: list[Storage], before: list[Node]) -> set[int]:
+    """The ids of the nodes the sync hooks wrapped around ``pending``'s values (``before``: the values they found)."""
     skip: set[int] = set()
     for s, old in zip(pending, before):
         chain, n = [], s.value
@@ -346,10 +361,7 @@ def _deferred(plan: Plan, pending: list[Storage], before: list[Node]) -> Plan:
             n = n.inputs[0]
         if n is old:
             skip.update(chain)
-    limit = max(plan.outs[:len(pending)]) + 1
-    for t in tables:
-        plan = t.constrain(plan, skip, limit)
-    return plan
+    return skip
 
 
 def sync(wait: bool = False, *, pre_hooks: bool = True, all_threads: bool = False) -> None:
