@@ -156,53 +156,64 @@ def param_leaf(value: int | float | complex) -> Node:
     return node
 
 
-_GETITEMS: dict[int, tuple[tuple, int, Callable[[Any], Any]]] = {}  # i -> (key, its hash, fn)
+_GETITEMS: list[tuple[tuple, int, Callable[[Any], Any]]] = []  # [i] -> (key, its hash, fn)
 
 
-def _getitem_entry(i: int) -> tuple[tuple, int, Callable[[Any], Any]]:
-    g = _GETITEMS.get(i)
-    if g is None:
+def _getitem_table(n: int) -> list[tuple[tuple, int, Callable[[Any], Any]]]:
+    """The getitem entries of outputs ``0 .. n-1`` (and more)."""
+    for i in range(len(_GETITEMS), n):
         key = (GETITEM, i)
-        g = _GETITEMS[i] = (key, hash(key), operator.itemgetter(i))
-    return g
+        _GETITEMS.append((key, hash(key), operator.itemgetter(i)))
+    return _GETITEMS
 
 
 def getitem(node: Node, i: int) -> Node:
     """Output ``i`` of a multi-output node."""
-    g = _getitem_entry(i)
-    return make_node(GETITEM, g[0], g[1], (node,), g[2])
+    key, kh, fn = _getitem_table(i + 1)[i]
+    return make_node(GETITEM, key, kh, (node,), fn)
 
 
 def getitems(node: Node, indices: Iterable[int]) -> list[Node]:
     """``[getitem(node, i) for i in indices]``, inlined: a foreach optimizer op writes ~150
     outputs, each one getitem node (a third of a GPT step's recorded nodes)."""
-    if not STATE.consing:
+    indices = list(indices)
+    if not STATE.consing or not indices:
         return [getitem(node, i) for i in indices]
+    table = _getitem_table(max(indices) + 1)
     out: list[Node] = []
     nid, nh, inputs = id(node), node.hash, (node,)
-    hits = new = 0
     t, base = _TAPE, _BASE
-    for i in indices:
-        key, kh, fn = _getitem_entry(i)
-        ck = (kh, nid)
-        g = _CONS.get(ck)
-        if g is not None and g.key == key:
-            hits += 1
-        else:
+    if len(_CONS) + len(indices) >= CONS_LIMIT:
+        _CONS.clear()
+    if t and t[-1] is node:  # recorded just now: none of its outputs has a node yet
+        first = base + len(t)
+        for k, i in enumerate(indices):
+            key, kh, fn = table[i]
             g = Node(GETITEM, key, inputs, hash((kh, nh)), fn)
-            if len(_CONS) >= CONS_LIMIT:
-                _CONS.clear()
-            _CONS[ck] = g
-            if t is not None:
-                g.tix = base + len(t)
-                t.append(g)
-            new += 1
-        out.append(g)
+            g.tix = first + k
+            _CONS[(kh, nid)] = g
+            out.append(g)
+        t.extend(out)
+        hits = 0
+    else:
+        hits = 0
+        for i in indices:
+            key, kh, fn = table[i]
+            ck = (kh, nid)
+            g = _CONS.get(ck)
+            if g is not None and g.key == key:
+                hits += 1
+            else:
+                g = _CONS[ck] = Node(GETITEM, key, inputs, hash((kh, nh)), fn)
+                if t is not None:
+                    g.tix = base + len(t)
+                    t.append(g)
+            out.append(g)
     if t is not None and len(t) > TAPE_LIMIT:
         _drop_tape()
     counts = metrics._COUNTS
     counts["hash_cons_hits"] += hits
-    counts["ops_recorded"] += new
+    counts["ops_recorded"] += len(out) - hits
     return out
 
 
