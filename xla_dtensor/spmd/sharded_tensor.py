@@ -39,14 +39,17 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from mesh import Mesh
+from xla_dtensor.core import threads
 from xla_dtensor.core.tensor import OUT as _OUT, chain_of, is_view, meta_of, storage_of, wrap_like
 from xla_dtensor.core.tensor import LazyTensor, value_of
 from xla_dtensor.sharding import ShardingSpec, shard_indices
 from xla_dtensor.spmd import annotate as A
 from xla_dtensor.core import layout as L
-from xla_dtensor.core import dispatch as _dispatch_mod
 from xla_dtensor.spmd import relayout as R
 from xla_dtensor.spmd.errors import MeshDevicesError
+
+_LAZY_DISPATCH = LazyTensor.__torch_dispatch__.__func__
+_LOCK = threads.LOCK
 
 _new = torch.Tensor._make_wrapper_subclass
 
@@ -81,11 +84,12 @@ class XLAShardedTensor(LazyTensor, DTensor):
             if res is not None:
                 return res
         out = _OUT
-        prev, out.cls = out.cls, XLAShardedTensor  # new results are made sharded tensors at once
-        try:
-            res = _dispatch_mod.dispatch(func, args, kwargs or {})
-        finally:
-            out.cls = prev
+        with _LOCK:  # NOTE: out.cls is the core's: set under its lock, which the lazy entry takes again
+            prev, out.cls = out.cls, XLAShardedTensor  # new results are made sharded tensors at once
+            try:  # the lazy tensor's entry: the owning thread, errors raised in backward
+                res = _LAZY_DISPATCH(cls, func, types, args, kwargs)
+            finally:
+                out.cls = prev
         return res if type(res) is XLAShardedTensor else _rewrap(res)  # a plain input returned (in-place ops)
 
     @staticmethod

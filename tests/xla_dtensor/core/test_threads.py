@@ -279,3 +279,27 @@ def test_index_error_is_raised_in_the_thread_that_made_it(checking, order):
     assert isinstance(a, IndexError), a
     assert "index 12" in str(a) and "size 10" in str(a), str(a)
     torch.testing.assert_close(b, F.embedding(torch.tensor([0, 9]), W) * 2)
+
+
+def test_a_sharded_tensors_op_waits_for_the_core_lock():
+    """An op on an ``XLAShardedTensor`` (a DTensor) enters the core like any lazy tensor's: it waits
+    while another thread holds the core's lock, and records as that thread's op."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard
+
+    from xla_dtensor.core import threads
+    d = xla_dtensor.distribute_tensor(torch.arange(8.0), DeviceMesh("xla", list(range(8))), [Shard(0)])
+    d * 3  # first-call imports and caches here: the thread below runs only the op
+    done = threading.Event()
+    out: list[Any] = []
+
+    def other() -> None:
+        out.append(d * 2)
+        done.set()
+    with threads.LOCK:
+        t = threading.Thread(target=other)
+        t.start()
+        assert not done.wait(0.5)  # blocked on the lock this thread holds
+    t.join(30)
+    assert done.is_set()
+    torch.testing.assert_close(out[0].full_tensor().cpu(), torch.arange(8.0) * 2)
