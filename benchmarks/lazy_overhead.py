@@ -126,8 +126,9 @@ def case_lazy(args: argparse.Namespace, layout: str = "one") -> dict:
         w2 = time.perf_counter()
         waited_host.append(w1 - w0)
         device.append(w2 - w1)
-    compiles = metrics.counters()["compiles"]
-    return {"cpu_ms": 1e3 * statistics.median(cpu), "host_wall_ms": 1e3 * statistics.median(host_wall),
+    compiles, reused = metrics.counters()["compiles"], metrics.counters()["plans_reused"]
+    return {"plans_reused": reused, "syncs": 3 * args.steps + 3,
+            "cpu_ms": 1e3 * statistics.median(cpu), "host_wall_ms": 1e3 * statistics.median(host_wall),
             "ops": statistics.median(ops), "us_per_op": 1e6 * statistics.median(cpu) / statistics.median(ops),
             "step_wall_ms": 1e3 * back_to_back, "waited_host_ms": 1e3 * statistics.median(waited_host),
             "device_ms": 1e3 * statistics.median(device), "compiles": compiles}
@@ -145,7 +146,8 @@ _BINS = [
                                 r"weakref\.py|random"),
     ("record (rest of dispatch)", r"core/dispatch\.py"),
     ("output tensors", r"core/tensor\.py:(new_tensor|new_view|write|__init__)|_make_wrapper_subclass|_weakrefset"),
-    ("sync walk + launch", r"core/executor\.py|core/ir\.py:topo_order|core/index_checks|core/threads\.py|"
+    ("sync walk + launch", r"core/executor\.py|core/plan_cache\.py|core/ir\.py:(topo_order|tape|clear_cons)|"
+                           r"core/index_checks|core/threads\.py|"
                            r"jit/|sharding/|spmd/"),
     ("optimizer (Python)", r"torch/optim/"),
     ("autograd + modules (torch)", r"torch/|autoshard/models|<built-in method torch|<method 'backward'|"
@@ -212,7 +214,7 @@ def _run_case(name: str, args: argparse.Namespace) -> dict:
 
 def _table(label: str, opt: str, t: dict, lz: dict, pr: dict, sharded: dict) -> str:
     lines = [f"## {label} ({opt})", "", "```"]
-    lines.append(f"{'case':<34}{'value':>10}")
+    lines.append(f"{'case':<38}{'value':>10}")
     rows = [
         ("torch eager step, CPU ms", t["cpu_ms"]),
         ("lazy host CPU ms / step", lz["cpu_ms"]),
@@ -225,12 +227,14 @@ def _table(label: str, opt: str, t: dict, lz: dict, pr: dict, sharded: dict) -> 
         ("waited: device tail ms", lz["device_ms"]),
         ("host + device ms", lz["waited_host_ms"] + lz["device_ms"]),
         ("compiles (whole run)", lz["compiles"]),
+        ("syncs with a reused plan (whole run)", lz.get("plans_reused", 0)),
+        ("syncs (whole run)", lz.get("syncs", 0)),
     ]
     for name, sh in sharded.items():
         rows += [(f"{name}: host CPU ms / step", sh["cpu_ms"]), (f"{name} / one device", sh["cpu_ms"] / lz["cpu_ms"]),
                  (f"{name}: ops recorded / step", sh["ops"])]
     for name, v in rows:
-        lines.append(f"{name:<34}{v:>10.2f}")
+        lines.append(f"{name:<38}{v:>10.2f}")
     lines.append("")
     lines.append(f"profile (cProfile, thread CPU time; {pr['total_ms']:.1f} ms/step under the profiler), us per op:")
     for k, v in sorted(pr["bins_us_per_op"].items(), key=lambda kv: -kv[1]):

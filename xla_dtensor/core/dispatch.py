@@ -77,17 +77,10 @@ def record(op: Any, args: tuple, kwargs: dict) -> Any:
         outs = entry.outs
         if len(outs) == 1 and not st.returns_list:
             return new_tensor(outs[0], node)
-        return _wrap_many(op, outs, node)
+        return _wrap_many(st.returns_list, outs, node)
     if kind is E.VIEW:
-        return _views(op, entry, args[0], node)
-    return _inplace(op, info, entry, node, args, kwargs)
-
-
-def _returns_list(op: Any) -> bool:
-    st = _ENTRIES.get(id(op))
-    if st is None:
-        st = _ENTRIES[id(op)] = _Op(op)
-    return st.returns_list
+        return _views(st.returns_list, entry, args[0], node)
+    return _inplace(st.returns_list, info, entry, node, args, kwargs)
 
 
 def entry_for(key: tuple) -> E.Entry | None:
@@ -96,26 +89,26 @@ def entry_for(key: tuple) -> E.Entry | None:
     return None if st is None else st.entries.get(key[1])
 
 
-def _wrap_many(op: Any, outs: list, node: Any) -> Any:
+def _wrap_many(listed: bool, outs: list, node: Any) -> Any:
     items = getitems(node, [i for i, m in enumerate(outs) if m is not None])
     it = iter(items)
     res = [None if m is None else new_tensor(m, next(it)) for m in outs]
-    return res if _returns_list(op) else tuple(res)
+    return res if listed else tuple(res)
 
 
-def _views(op: Any, entry: E.Entry, base: LazyTensor, node: Any) -> Any:
+def _views(listed: bool, entry: E.Entry, base: LazyTensor, node: Any) -> Any:
     storage, chain = base._storage, base._chain
-    if not _returns_list(op) and len(entry.outs) == 1:
+    if not listed and len(entry.outs) == 1:
         step = entry.step
         if step is None:
             step = entry.step = ViewStep(entry, None)
         return new_view(entry.outs[0], storage, chain + (step,), node)
     items = getitems(node, range(len(entry.outs)))
     res = [new_view(m, storage, chain + (ViewStep(entry, i),), items[i]) for i, m in enumerate(entry.outs)]
-    return res if _returns_list(op) else tuple(res)
+    return res if listed else tuple(res)
 
 
-def _inplace(op: Any, info: Any, entry: E.Entry, node: Any, args: tuple, kwargs: dict) -> Any:
+def _inplace(listed_ret: bool, info: Any, entry: E.Entry, node: Any, args: tuple, kwargs: dict) -> Any:
     targets: list[Any] = []
     listed = False  # a mutated list (``_foreach_*_``): the lowering returns a list, even of one tensor
     for pos, name in info.mutated:
@@ -137,7 +130,7 @@ def _inplace(op: Any, info: Any, entry: E.Entry, node: Any, args: tuple, kwargs:
     values = getitems(node, range(n_ret)) if total > 1 else [node][:n_ret]
     own = [new_tensor(entry.outs[i], v) for i, v in enumerate(values)]
     if n_ret == 0:
-        return targets[0] if info.n_returns == 1 and not _returns_list(op) else targets
+        return targets[0] if info.n_returns == 1 and not listed_ret else targets
     if info.n_returns == 1:
         return own[0]
     rets, it_own, it_tgt = [], iter(own), iter(targets)
