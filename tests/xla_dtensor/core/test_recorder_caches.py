@@ -55,3 +55,19 @@ def test_scalar_arrays_reused_while_values_repeat(dev):
         executor._scalar_array = orig
     assert made.count(0.3) == 2 and made.count(0.7) == 2  # two slots; the repeated steps made none
     torch.testing.assert_close(p.detach().cpu(), ref.detach())
+
+
+def test_a_repeated_multi_output_op_shares_its_output_nodes(dev):
+    """The first recording makes the outputs' nodes (without look-ups: the op node is new); the
+    identical second one finds them all in the hash-consing table."""
+    a = torch.arange(24.0).reshape(4, 6).to(dev)
+    xla_dtensor.sync()
+    before = metrics.snapshot()
+    v1, i1 = a.max(dim=1)
+    v2, i2 = a.max(dim=1)
+    d = metrics.diff(before)
+    assert value_of(v1) is value_of(v2) and value_of(i1) is value_of(i2) and value_of(v1) is not value_of(i1)
+    assert d["hash_cons_hits"] == 3 and d["ops_recorded"] == 3  # the op and its two outputs, once
+    want_v, want_i = torch.arange(24.0).reshape(4, 6).max(dim=1)
+    torch.testing.assert_close(v2.cpu(), want_v)
+    torch.testing.assert_close(i1.cpu(), want_i)
