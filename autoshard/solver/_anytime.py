@@ -113,7 +113,7 @@ class AnytimeSearch:
         self.elite: list[np.ndarray] = []
         self.share, self.hot, self.polish, self.optimal = s.bound_share, False, False, False
         self.chunks, self.last_fix_bound = 0, -math.inf
-        self.deep_for = math.nan  # the plan the last deep kernel left
+        self.deep_for, self.deep_step = math.nan, 0  # the plan the last deep kernel had, the next kernel
         self.peers = PeerExchange(self, compact, start, workers, inbox)
 
     # -- small queries --------------------------------------------------------------
@@ -157,9 +157,9 @@ class AnytimeSearch:
         self._first_dual(min(s.first_dual_share * self.time_limit, s.first_dual_max))
         reserve = s.reserve_share * self.time_limit
         while self.left() > 0.05 and not self.optimal:
-            if (self.near(self.best) and self.best != self.deep_for
-                    and self.left() - reserve >= s.deep_min):
-                self._deep_kernel(self.left() - reserve)
+            kernel = self._deep_next() if self.near(self.best) else None
+            if kernel is not None and self.left() - reserve >= kernel[2]:
+                self._deep_kernel(kernel, min(self.left() - reserve, kernel[3]))
                 continue
             if self._search_chunk():
                 break
@@ -177,8 +177,8 @@ class AnytimeSearch:
         before = self.dual.run(piece, self.best)
         bound = self.dual.run(piece, self.best)
         self.peers.exchange()  # the workers' plans give the gap its scale
-        slices = 2
-        while ((slices + 1) * piece <= s.first_cap * self.time_limit and math.isfinite(before)
+        slices, cap = 2, min(s.first_cap * self.time_limit, s.first_cap_max)
+        while ((slices + 1) * piece <= cap and math.isfinite(before)
                and not proved(bound, self.best)
                and bound - before >= s.first_rate * max(self.best - before, 0.0)):
             before, bound = bound, self.dual.run(piece, self.best)
@@ -313,14 +313,21 @@ class AnytimeSearch:
             self.share = s.bound_share
         self.peers.exchange()  # the workers polish it too
 
-    def _deep_kernel(self, seconds: float) -> None:
+    def _deep_next(self) -> tuple[int, int, float, float] | None:
+        """The next kernel by the MIP for the best plan (the first for a new plan)."""
+        if self.best != self.deep_for:
+            self.deep_for, self.deep_step = self.best, 0
+        kernels = self.settings.deep_kernels
+        return kernels[self.deep_step] if self.deep_step < len(kernels) else None
+
+    def _deep_kernel(self, kernel: tuple[int, int, float, float], seconds: float) -> None:
         """The best plan's kernel solved by the MIP (the LP dive that made M's jump
         cannot trade memory at the limit: 4.99291e10 to 4.99169e10 in 10 s)."""
-        s, state = self.settings, State(self.space, self.best_x)
-        seconds = min(seconds, s.deep_max)
-        self.say(f"near the bound: the kernel by the MIP for {seconds:.0f}s")
-        gains, _, _ = kernel_move(state, self.dual.theta_at_best(), s.deep_score, seconds,
-                                  self.seed + s.deep_seed_offset, exact=True, c_theta=s.deep_theta)
+        state, step = State(self.space, self.best_x), self.deep_step
+        self.say(f"near the bound: the kernel by the MIP ({kernel[0]} + {kernel[1]}) for {seconds:.0f}s")
+        gains, _, _ = kernel_move(state, self.dual.theta_at_best(), kernel[0], seconds,
+                                  self.seed + self.settings.deep_seed_offset, exact=True,
+                                  c_theta=kernel[1])
         self.stats["deep_kernels"] += 1
         if gains:
             node_moves(state, self.deadline)
@@ -328,7 +335,7 @@ class AnytimeSearch:
             self.stats["deep_kernel_better"] += 1
             self.adopt(state.x, state.obj, "kernel by the MIP")
             self.peers.exchange()  # merged with the workers' polish of the same plan
-        self.deep_for = self.best  # again only for a plan found after it
+        self.deep_for, self.deep_step = self.best, step + 1  # its plan: only the later kernels
 
     def _merge_elite(self, x: np.ndarray) -> None:
         """Add ``x`` and the best plan to the elite and re-solve over their strategies."""

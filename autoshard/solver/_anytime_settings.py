@@ -5,6 +5,7 @@ measured is in docs/autoshard.md ("Runs and workers").
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,10 +22,11 @@ class AnytimeSettings:
     hot_share: float | None = None  # ... while it rises fast; None: 0.85 with workers (they search), else 0.6
     hot_rate: float = 0.02          # a dual chunk closing 2% of the gap counts as rising fast (M)
     near_gap: float = 0.03          # within 3% of the bound only polishing gains (M after its kernel jump)
-    deep_min: float = 10.0          # the deep kernel's MIP finds M's memory trade in 10 s (proof 18 s)
-    deep_max: float = 30.0          # ... and gets at most this, so the polish keeps its time
-    deep_score: int = 1             # per node: the best by score and the 2 best by the dual's costs
-    deep_theta: int = 2             # (10,164 strategies on M; 2 + 2, 12,622, took 30-45 s)
+    # kernels by the MIP near the bound, in turn while one finds nothing: (best by score,
+    # best by the dual's costs per node, least and most seconds). M: 1 + 2 (10,164
+    # strategies) finds its memory trade in 10 s at a bound of 4.935e10, not at 4.940e10;
+    # 2 + 2 (12,622) takes 30-45 s
+    deep_kernels: tuple[tuple[int, int, float, float], ...] = ((1, 2, 10.0, 30.0), (2, 2, 30.0, math.inf))
     every: float = 5.0              # seconds between progress lines
     restart_after: float | None = None  # stall that ends a run; None: limit/20, at least 15 s
     restart_share: float = 0.05     # V's runs reach their plan in 2-15 s, then find nothing
@@ -42,6 +44,7 @@ class AnytimeSettings:
     first_dual_max: float | None = None    # ... at most 10 s alone, 20 s with workers
     first_rate: float = 0.01        # a slice closing 1% of the gap extends it (M: 1.9%, then 0.9% at 4.937e10)
     first_cap: float = 0.4          # at most 40% of the limit (M's bound 4.92e10 takes 21 s alone)
+    first_cap_max: float = 36.0     # and 36 s: M at 180 s with 50 s of it ended 4.9929e10 twice
     reserve_share: float = 0.1      # the deep kernel leaves 10% of the limit to the polish after it
     kernel_strategies: int = 2      # per node in the dual-cost kernels: 3-6 are not solved in 30 s on M
     polish_jump: float = 0.01       # a kernel moving the plan 1% gets a full search chunk next

@@ -349,14 +349,14 @@ def test_exact_kernel_is_the_best_plan_over_its_strategies(seed: int) -> None:
 
 def test_near_the_bound_the_kernel_is_solved_by_the_mip() -> None:
     # every plan counts as near the bound (near_gap 1.0): the exact kernel runs at once
-    # when deep_min allows it, and never in a run shorter than deep_min
+    # when its least time allows it, and never in a run shorter than that
     from autoshard.solver._anytime import anytime
     from autoshard.solver._compact import plan_of
     p, opt, cp, x0 = _anytime_case(430, 30)
     tol = 1e-9 * max(1.0, abs(opt))
     for deep_min, runs in ((0.5, True), (30.0, False)):
         res = anytime(cp, x0, 3.0, seed=1, chunk=0.3, max_budget=12, exact_entries=0,
-                      near_gap=1.0, deep_min=deep_min)
+                      near_gap=1.0, deep_kernels=((1, 2, deep_min, 30.0), (2, 2, 30.0, 60.0)))
         assert (res.stats["deep_kernels"] >= 1) == runs
         assert res.stats["deep_kernel_better"] <= res.stats["deep_kernels"]
         cost, ok, _ = evaluate(p, plan_of(cp, res.x).tolist())
