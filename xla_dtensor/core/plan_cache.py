@@ -116,34 +116,41 @@ def _structure(roots: list[Node]) -> tuple[bytes, list[Node]] | None:
 
 
 # A node's sharding by value: equal shardings (torch's DTensor path makes new ones every step) get one
-# code. Codes are found by identity first (hashing a NamedSharding runs Python); the objects are kept,
-# so an id is not reused while it is in _BY_ID.
+# code. Codes are found by identity first (hashing a NamedSharding runs Python): _CODE_BY_ID maps ids
+# to codes in one C-level pass, and _KEPT keeps those objects alive, so their ids are not reused.
 _BY_VALUE: dict[Any, int] = {}
-_BY_ID: dict[int, tuple[Any, int]] = {}
+_CODE_BY_ID: dict[int, int] = {id(None): 0}
+_KEPT: dict[int, Any] = {}
 SHARDINGS_LIMIT = 4096
-_NONE_ID = id(None)
 
 
 def _sharding_codes(tape: list[Node]) -> np.ndarray:
     shardings = list(map(_SHARDING, tape))
-    ids = np.fromiter(map(id, shardings), np.uint64, len(shardings))
-    codes = np.zeros(len(shardings), np.int64)
-    for i in np.flatnonzero(ids != _NONE_ID).tolist():
-        sh = shardings[i]
-        hit = _BY_ID.get(id(sh))
-        if hit is None or hit[0] is not sh:
-            code = _BY_VALUE.get(sh)
-            if code is None:
-                code = _BY_VALUE[sh] = len(_BY_VALUE) + 1
-            if len(_BY_ID) >= SHARDINGS_LIMIT:
-                _BY_ID.clear()
-            hit = _BY_ID[id(sh)] = (sh, code)
-        codes[i] = hit[1]
-    return codes
+    codes = list(map(_CODE_BY_ID.get, map(id, shardings)))
+    if None in codes:
+        for i, c in enumerate(codes):
+            if c is None:
+                codes[i] = _code(shardings[i])
+    return np.array(codes, np.int64)
+
+
+def _code(sh: Any) -> int:
+    code = _BY_VALUE.get(sh)
+    if code is None:
+        code = _BY_VALUE[sh] = len(_BY_VALUE) + 1
+    if len(_KEPT) >= SHARDINGS_LIMIT:
+        _KEPT.clear()
+        _CODE_BY_ID.clear()
+        _CODE_BY_ID[id(None)] = 0
+    _KEPT[id(sh)] = sh
+    _CODE_BY_ID[id(sh)] = code
+    return code
 
 
 def _forget() -> None:
     """Start the sharding codes afresh, and with them every remembered structure."""
     _BY_VALUE.clear()
-    _BY_ID.clear()
+    _KEPT.clear()
+    _CODE_BY_ID.clear()
+    _CODE_BY_ID[id(None)] = 0
     _LAID.clear()

@@ -15,7 +15,7 @@ import torch
 
 from xla_dtensor import metrics
 from xla_dtensor.core.ir import Node, data_leaf, param_leaf
-from xla_dtensor.core.tensor import LazyTensor, value_of
+from xla_dtensor.core.tensor import SUBCLASSES as _SUBCLASSES, LazyTensor, value_of
 
 _SCALAR_TYPES = frozenset({"number", "Optional[number]", "List[number]", "Tensor", "Optional[Tensor]"})
 _PTYPE = {float: ("P", float), int: ("P", int), complex: ("P", complex)}
@@ -75,6 +75,9 @@ def _arg(a: Any, scal: bool, dyn: list[Node]) -> Any:
         return (tp, a)
     if tp is list or tp is tuple:
         return tuple([_arg(x, scal, dyn) for x in a])
+    if tp in _SUBCLASSES:
+        dyn.append(value_of(a) if a._chain else a._storage.value)
+        return a._meta
     if isinstance(a, torch.Tensor):
         if isinstance(a, LazyTensor):
             dyn.append(value_of(a))

@@ -53,6 +53,9 @@ class Storage:
         self.owner: int = _me()
 
 
+SUBCLASSES: set[type] = set()  # LazyTensor's subclasses (XLAShardedTensor...): core.signature tells them by type
+
+
 class LazyTensor(torch.Tensor):
     """A tensor on the ``jax`` device whose value is a lazy IR node (see module doc)."""
 
@@ -67,6 +70,7 @@ class LazyTensor(torch.Tensor):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _use_foreach_optimizers(cls)
+        SUBCLASSES.add(cls)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
