@@ -122,9 +122,27 @@ def _serve_presence(server: socket.socket, n: int, init_timeout: float) -> None:
             return
 
 
+def _probe(bind: str) -> None:
+    """Raise ``OSError`` naming ``bind`` if its port is taken.
+
+    NOTE: jaxlib's service crashes (SIGSEGV, about one start in two here) instead of raising
+    when it cannot bind, so the helper tries the address itself first.
+    """
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]")
+    if not port.isdigit() or int(port) == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        socket.create_server((host, int(port)), family=family).close()
+    except OSError as err:
+        raise OSError(f"the RPC server cannot listen on {bind}: {err.strerror or err}") from None
+
+
 def main(spec: dict[str, Any]) -> None:
     from jaxlib import _jax
     try:
+        _probe(spec["bind"])
         service = _jax.get_distributed_runtime_service(spec["bind"], spec["n"], heartbeat_timeout=spec["heartbeat"],
                                                        shutdown_timeout=spec["shutdown"], recoverable=True)
         server = _listen()

@@ -417,7 +417,7 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
             hook(pending)
     roots = [s.value for s in pending] + check_roots
     # NOTE: one walk of the graph (none when the step repeats), shared with execute (a second one cost ~10% of a sync)
-    plan = make_plan(roots) if STATE.multi else plan_cache.plan(roots, make_plan)
+    plan = plan_cache.plan(roots, make_plan)
     if deferred:
         plan = _deferred(plan, pending, before)
     if foreign or index_checks.PENDING:
