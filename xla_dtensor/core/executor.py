@@ -9,6 +9,7 @@ same step maps to the same executable whatever the data.
 from __future__ import annotations
 
 import collections
+import functools
 import time
 import warnings
 from typing import Any, Callable, Iterable, NamedTuple
@@ -339,12 +340,7 @@ def _deferred(plan: Plan, pending: list[Storage], before: list[Node]) -> Plan:
     first asked (a table asks once per graph structure), and ``limit``, the end of the pending
     values' part of ``plan.order`` (index checks' roots come after)."""
     tables, STATE.deferred = STATE.deferred, []
-    found: list[set[int]] = []
-
-    def skip() -> set[int]:
-        if not found:
-            found.append(_wrapped(pending, before))
-        return found[0]
+    skip = functools.cache(lambda: _wrapped(pending, before))
     limit = max(plan.outs[:len(pending)]) + 1
     for t in tables:
         plan = t.constrain(plan, skip, limit)

@@ -81,8 +81,8 @@ def recorded() -> tuple[list[Node], int] | None:
     return None if _TAPE is None else (_TAPE, _BASE)
 
 
-def tape(nodes: list[Node]) -> None:
-    """Put ``nodes`` (leaves made at a barrier, after :func:`clear_cons`) on the tape."""
+def tape(nodes: Iterable[Node]) -> None:
+    """Put ``nodes`` (leaves: the storages' new values at a barrier, scalar parameters) on the tape."""
     t = _TAPE
     if t is not None:
         for node in nodes:
@@ -149,10 +149,8 @@ def param_leaf(value: int | float | complex) -> Node:
     """A scalar-parameter leaf: its value is a graph input, not a constant."""
     key = (PARAM, type(value))
     node = Node(PARAM, key, (), hash(key), None, value)
-    t = _TAPE
-    if t is not None and STATE.consing:
-        node.tix = _BASE + len(t)
-        t.append(node)
+    if STATE.consing:
+        tape((node,))
     return node
 
 
@@ -185,6 +183,7 @@ def getitems(node: Node, indices: Iterable[int]) -> list[Node]:
     t, base = _TAPE, _BASE
     if len(_CONS) + len(indices) >= CONS_LIMIT:
         _CONS.clear()
+    hits = 0
     if t and t[-1] is node:  # recorded just now: none of its outputs has a node yet
         first = base + len(t)
         for k, i in enumerate(indices):
@@ -194,9 +193,7 @@ def getitems(node: Node, indices: Iterable[int]) -> list[Node]:
             _CONS[(kh, nid)] = g
             out.append(g)
         t.extend(out)
-        hits = 0
     else:
-        hits = 0
         for i in indices:
             key, kh, fn = table[i]
             ck = (kh, nid)

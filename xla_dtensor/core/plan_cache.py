@@ -139,9 +139,7 @@ def _code(sh: Any) -> int:
     if code is None:
         code = _BY_VALUE[sh] = len(_BY_VALUE) + 1
     if len(_KEPT) >= SHARDINGS_LIMIT:
-        _KEPT.clear()
-        _CODE_BY_ID.clear()
-        _CODE_BY_ID[id(None)] = 0
+        _forget_ids()
     _KEPT[id(sh)] = sh
     _CODE_BY_ID[id(sh)] = code
     return code
@@ -150,7 +148,11 @@ def _code(sh: Any) -> int:
 def _forget() -> None:
     """Start the sharding codes afresh, and with them every remembered structure."""
     _BY_VALUE.clear()
+    _forget_ids()
+    _LAID.clear()
+
+
+def _forget_ids() -> None:
     _KEPT.clear()
     _CODE_BY_ID.clear()
     _CODE_BY_ID[id(None)] = 0
-    _LAID.clear()

@@ -78,10 +78,7 @@ def _arg(a: Any, scal: bool, dyn: list[Node]) -> Any:
     if tp in _SUBCLASSES:
         dyn.append(value_of(a) if a._chain else a._storage.value)
         return a._meta
-    if isinstance(a, torch.Tensor):
-        if isinstance(a, LazyTensor):
-            dyn.append(value_of(a))
-            return a._meta
+    if isinstance(a, torch.Tensor):  # not a lazy tensor: every LazyTensor subclass is in _SUBCLASSES
         if a.dim() == 0 and a.device.type == "cpu":
             dyn.append(_cpu_scalar_leaf(a))
             return ("cpu0", a.dtype)
