@@ -58,6 +58,8 @@ def _meta(a: Any) -> Any:
         return type(a)(_meta(x) for x in a)
     if isinstance(a, torch.device):
         return torch.device("meta")
+    if isinstance(a, torch.Tensor) and a.device.type == "cpu":  # a 0-dim CPU tensor (signature refuses others)
+        return torch.empty((), dtype=a.dtype, device="meta")
     return a
 
 

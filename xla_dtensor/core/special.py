@@ -75,6 +75,32 @@ def _resize_(op: Any, args: tuple, kwargs: dict) -> Any:
     raise NotImplementedError(f"resize_ from {tuple(self.shape)} to {size} is not supported on the jax device")
 
 
+def _inplace_view(op: Any, args: tuple, kwargs: dict) -> Any:
+    """``squeeze_``, ``unsqueeze_``, ``t_``, ``transpose_``...: ``self`` becomes the out-of-place view of itself.
+
+    The view is recorded as its out-of-place op (``transpose_`` -> ``transpose.int``) and ``self``
+    takes its chain and metadata; the wrapper's own sizes and strides are set by the op's meta
+    kernel run on it (no dispatch), as ``torch.utils._python_dispatch.return_and_correct_aliasing``
+    does for wrapper subclasses. torch's ``matmul`` of a vector and a matrix ends in ``squeeze_``.
+    """
+    self = args[0]
+    view = dispatch(_INPLACE_VIEWS[op], args, kwargs)
+    self._chain, self._meta, self._vcache, self._seen = view._chain, view._meta, view._vcache, view._seen
+    with torch.utils._mode_utils.no_dispatch():
+        meta_in_tls = torch._C._meta_in_tls_dispatch_include()
+        torch._C._set_meta_in_tls_dispatch_include(True)
+        try:
+            op(self, *args[1:], **kwargs)
+        finally:
+            torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
+    return self
+
+
+_INPLACE_VIEWS = {aten.squeeze_.default: aten.squeeze.default, aten.squeeze_.dim: aten.squeeze.dim,
+                  aten.squeeze_.dims: aten.squeeze.dims, aten.unsqueeze_.default: aten.unsqueeze.default,
+                  aten.t_.default: aten.t.default, aten.transpose_.default: aten.transpose.int}
+
+
 def _native_batch_norm(op: Any, args: tuple, kwargs: dict) -> Any:
     # NOTE: native_batch_norm updates running_mean/var in place without saying so in its
     # schema; record the functional form and write the new statistics back explicitly.
@@ -101,6 +127,7 @@ SPECIAL.update({
     aten.lift_fresh.default: _alias,
     aten._local_scalar_dense.default: _item,
     aten.resize_.default: _resize_,
+    **{op: _inplace_view for op in _INPLACE_VIEWS},
 })
 
 

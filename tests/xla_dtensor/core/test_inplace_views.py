@@ -11,6 +11,7 @@ def _both(fn, dev):
     base = torch.arange(24.0).reshape(4, 6)
     cpu, lazy = base.clone(), base.clone().to(dev)
     out_c, out_l = fn(cpu), fn(lazy)
+    assert (lazy.shape, lazy.stride()) == (cpu.shape, cpu.stride())
     torch.testing.assert_close(lazy.cpu(), cpu)
     if isinstance(out_c, torch.Tensor):
         torch.testing.assert_close(out_l.cpu(), out_c)
@@ -32,6 +33,10 @@ CASES = {
     "unbind_write": lambda t: t.unbind(0)[3].zero_(),
     "split_write": lambda t: t.split(2, dim=1)[1].add_(0.5),
     "detach_aliases": lambda t: t.detach().add_(9),
+    "t_then_write": lambda t: t.t_()[1].mul_(-2),
+    "transpose_view_then_write": lambda t: t[1:].transpose_(0, 1)[0].zero_(),
+    "unsqueeze_squeeze_": lambda t: t.unsqueeze_(1).add_(1).squeeze_(1).sub_(0.5),
+    "squeeze_dims_of_view": lambda t: t.view(1, 4, 1, 6).squeeze_((0, 2))[3].fill_(4),
 }
 
 
@@ -58,3 +63,23 @@ def test_inplace_dtype_cast_and_error_like_torch(dev):
     i = torch.zeros(3, dtype=torch.int64, device=dev)
     with pytest.raises(RuntimeError, match="can't be cast"):
         i.add_(1.5)
+
+
+@pytest.mark.parametrize("layout", [None, ("dp", "tp"), ("tp", None)])
+def test_vector_matmul_and_cpu_scalar_fill_sharded(dev, layout):
+    """torch's matmul of a vector and a matrix ends in ``squeeze_`` (an in-place view op), and masked_fill
+    takes a 0-dim CPU value: both with the matrix on one device and split over a 2x4 mesh, against
+    torch CPU, gradients included."""
+    import xla_dtensor.spmd as xs
+    w, v = torch.randn(8, 12, requires_grad=True), torch.randn(8, requires_grad=True)
+    wd, vd = w.detach().to(dev).requires_grad_(), v.detach().to(dev).requires_grad_()
+    if layout:
+        xs.mark_sharding(wd, xs.Mesh(range(8), (2, 4), ("dp", "tp")), layout)
+    outs = []
+    for a, b in ((v, w), (vd, wd)):
+        y = torch.matmul(a, b)
+        z = y.masked_fill(y > 0, torch.tensor(0.5))
+        z.square().sum().backward()
+        outs.append((z, a.grad, b.grad))
+    for got, want in zip(outs[1], outs[0]):
+        torch.testing.assert_close(got.cpu(), want.detach())
