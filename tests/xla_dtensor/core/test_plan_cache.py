@@ -111,6 +111,25 @@ def test_equal_node_hashes_with_other_wiring_are_another_structure():
     assert plan_cache._structure([_add(a, b)])[0] == s1[0]  # and the same wiring again is the same structure
 
 
+def test_two_tape_structures_of_one_program_share_its_structure_object():
+    """A dead node on one tape makes another tape structure but the same program: the plans'
+    structures are then one object, so the program cache compares keys by identity."""
+    a, b = _leaves()
+    plans, keys = [], []
+    for dead in (False, True, False, True):
+        ir.clear_cons()
+        if dead:
+            _add(b, b)
+        root = _add(a, b)
+        keys.append(plan_cache._structure([root])[0])
+        plans.append(plan_cache.plan([root], executor.make_plan))
+    ir.clear_cons()
+    assert keys[0] != keys[1] and keys[0] == keys[2] and keys[1] == keys[3]
+    assert all(p.struct is plans[0].struct for p in plans)
+    assert plans[0].struct == executor.make_plan([_add(a, b)]).struct
+    ir.clear_cons()
+
+
 def test_a_sharding_set_on_a_node_is_another_structure():
     a, b = _leaves()
     ir.clear_cons()
