@@ -33,7 +33,8 @@ MARK = {"passed": "pass", "failed": "**FAIL**", "skipped": "n/a"}
 def run_matrix() -> int:
     """Run the matrix tests, saving their outcomes; pytest's exit code."""
     env = dict(os.environ, XLA_DTENSOR_MATRIX_JSON=str(MATRIX_JSON), PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "pytest", "tests/integration/test_matrix.py", "-q", "-p", "no:cacheprovider"]
+    cmd = [sys.executable, "-m", "pytest", "tests/integration/test_matrix.py", "-q", "-p", "no:cacheprovider",
+           "-m", "slow or not slow"]  # every cell, the slow tier's too
     print("+", " ".join(cmd), flush=True)
     return subprocess.run(cmd, cwd=ROOT, env=env).returncode
 

@@ -69,7 +69,7 @@ def run(dev):
     ref, _ = _train(copy.deepcopy(model), batches)
     auto = copy.deepcopy(model)
     solves0 = xs.auto_stats()["solves"]
-    torch_distribute_module(auto, _mesh(), partition_fn=xs.AutoPolicy(topology="tpu-v5e", time_limit=30,
+    torch_distribute_module(auto, _mesh(), partition_fn=xs.AutoPolicy(topology="tpu-v5e", time_limit=10,
                                                                        memory_budget=BUDGET))
     record: list = []
     got, opt = _train(auto, batches, dev, record)
@@ -153,7 +153,7 @@ def test_fresh_process_reads_the_plan_from_disk(run):
         torch.manual_seed(0)
         model = GPT2(GPT2Config(vocab=128, n_positions=16, n_embd=64, n_layer=2, n_head=4))
         xs.distribute_module(model, DeviceMesh("xla", {GRID}, mesh_dim_names=("data", "model")),
-                             partition_fn=xs.AutoPolicy(topology="tpu-v5e", time_limit=30, memory_budget={BUDGET}))
+                             partition_fn=xs.AutoPolicy(topology="tpu-v5e", time_limit=10, memory_budget={BUDGET}))
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         g = torch.Generator().manual_seed(1)
         idx, tgt = (torch.randint(0, 128, (8, 16), generator=g).to(xla_dtensor.device()) for _ in range(2))
