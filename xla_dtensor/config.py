@@ -48,6 +48,10 @@ class Config:
             ``compile``) as one attention op lowered to the platform's fused kernel
             (cuDNN on GPU, Pallas on TPU, XLA's math on CPU); ``False``: torch's
             decomposition into primitive ops. See ``xla_dtensor/core/sdpa.py``.
+        fused_linear: record ``F.linear`` of plain lazy tensors as one op (``True``, the
+            default) instead of torch's ``t``/``view``/``addmm``/``view`` (~2 us of host
+            time less per layer projection); ``False``: the decomposition. See
+            ``xla_dtensor/core/linear.py``.
         gc_threshold: Python's young-generation collection threshold (the first value of
             ``gc.set_threshold``) while the library is loaded: raised to this value, never
             lowered (default 20,000; ``None``: Python's own setting). A lazy step keeps ~5
@@ -67,6 +71,7 @@ class Config:
     compile_cache_size: int = 32
     check_indices: bool | None = True
     fused_attention: bool = True
+    fused_linear: bool = True
     gc_threshold: int | None = 20_000
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -78,8 +83,8 @@ class Config:
         if name in ("compile_check_every", "recompile_warn_limit") and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-        if name == "fused_attention" and not isinstance(value, bool):
-            raise ValueError(f"fused_attention must be True or False, got {value!r}")
+        if name in ("fused_attention", "fused_linear") and not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
         if name == "check_indices" and value not in (None, True, False):
             raise ValueError(f"check_indices must be True, False or None (eager mode only), got {value!r}")
         if name == "gc_threshold":

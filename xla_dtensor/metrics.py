@@ -25,6 +25,7 @@ NAMES = (
     "plans_reused",      # sync()s whose plan came from an identical earlier recording (core.plan_cache)
     "fused_attention",   # attention calls recorded as one fused attention op (xla_dtensor.ops.fused_attention)
     "fused_attention_fallbacks",  # of those, lowered with XLA's math where the GPU/TPU kernel refused them
+    "fused_linear",      # F.linear calls recorded as one op (xla_dtensor.core.linear)
 )
 
 _COUNTS: Counter[str] = Counter({name: 0 for name in NAMES})

@@ -1,8 +1,10 @@
-"""Matmul family: mm, addmm, bmm, baddbmm. Contracting dims split -> Partial output."""
+"""Matmul family: mm, addmm, bmm, baddbmm, the lazy core's linear. Contracting dims split -> Partial output."""
 from __future__ import annotations
 
+import math
+
 from autoshard.graph import Graph, Node
-from autoshard.strategies._util import ins
+from autoshard.strategies._util import dims, ins
 from autoshard.strategies.base import DimRule
 from autoshard.strategies.registry import register
 
@@ -39,3 +41,13 @@ def baddbmm(node: Node, graph: Graph) -> DimRule:
     labels = tuple(None if s == 1 else l for l, s in zip(labels, bias.shape))
     return DimRule((labels, ("b", "m", "k"), ("b", "k", "n")), (("b", "m", "n"),), _K,
                    additive=frozenset({0}), flops=2.0 * bs * m * k * n)
+
+
+@register("xla_dtensor.linear")
+def linear(node: Node, graph: Graph) -> DimRule:
+    """``input @ weight.T (+ bias)`` on an input of any rank >= 2 (:mod:`xla_dtensor.core.linear`)."""
+    x, w, *bias = ins(node, graph)
+    batch = tuple(None if s == 1 else label for label, s in zip(dims("b", x.ndim - 1), x.shape))
+    labels = (batch + ("k",), ("n", "k")) + ((("n",),) if bias else ())
+    return DimRule(labels, (batch + ("n",),), _K, additive=frozenset({2}) if bias else frozenset(),
+                   flops=2.0 * math.prod(x.shape) * w.shape[0])

@@ -16,6 +16,7 @@ from xla_dtensor.core import data_dependent as _data_dependent  # noqa: E402,F40
 from xla_dtensor.core import index_checks as _index_checks  # noqa: E402
 from xla_dtensor.core import autocast as _autocast  # noqa: E402,F401  (registers torch.autocast("jax") kernels)
 from xla_dtensor.core import sdpa as _sdpa  # noqa: E402,F401  (routes F.scaled_dot_product_attention to a fused op)
+from xla_dtensor.core import linear as _linear  # noqa: E402,F401  (routes F.linear to one op)
 from xla_dtensor.core import attention_pattern as _attention_pattern  # noqa: E402,F401  (and softmax(q @ kᵀ) @ v)
 from xla_dtensor.core.executor import mark_step, sync, wait  # noqa: E402
 from xla_dtensor.core.tensor import LazyTensor  # noqa: E402

@@ -9,8 +9,8 @@ Example:
 from __future__ import annotations
 
 from xla_dtensor.ops import (  # noqa: F401  (registration happens on import; order matters for foreach)
-    activation, attention, binary, cast, complex, conv, counting, creation, elementwise, fused_attention, indexing, matmul,
-    nn, optim, random, reduction, shape, sort,
+    activation, attention, binary, cast, complex, conv, counting, creation, elementwise, fused_attention, fused_linear,
+    indexing, matmul, nn, optim, random, reduction, shape, sort,
 )
 from xla_dtensor.ops import foreach  # noqa: F401,E402  (after the elementwise families it loops over)
 from xla_dtensor.ops.decomp import decomposed_lowering, missing_lowering_error, resolve  # noqa: E402

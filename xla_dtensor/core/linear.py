@@ -1,0 +1,78 @@
+"""``F.linear`` on our device: one recorded op (``xla_dtensor::linear``), not four.
+
+``aten::linear`` is a composite op: for an input of rank 3 torch records ``t``, ``view``,
+``addmm`` and ``view`` (2.8 of a transformer forward's every 4.1 recorded ops are views and
+transposes around matmuls). This module registers an ``AutogradPrivateUse1`` kernel that
+records :data:`xla_dtensor.ops.fused_linear.LINEAR` instead, with a backward written in
+torch ops (so double backward works as before). It takes plain lazy tensors of one
+floating dtype, an input of rank >= 2 and matching shapes; anything else (DTensors,
+``XLAShardedTensor``, fake tensors, a 1-D input, shapes torch rejects) and
+``config.fused_linear = False`` take torch's decomposition, with torch's own errors.
+
+Example:
+    >>> import torch, xla_dtensor
+    >>> lin = torch.nn.Linear(4, 2).to(xla_dtensor.device())
+    >>> lin(torch.ones(3, 5, 4, device=xla_dtensor.device())).shape
+    torch.Size([3, 5, 2])
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from xla_dtensor import metrics
+from xla_dtensor.config import config
+from xla_dtensor.core.tensor import LazyTensor
+from xla_dtensor.ops.fused_linear import LINEAR
+
+aten = torch.ops.aten
+_LIB = torch.library.Library("aten", "IMPL")  # noqa: TOR901  (kept alive: the registration lives with it)
+
+
+class _Linear(torch.autograd.Function):
+    """``xla_dtensor::linear`` with torch ops as its gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: Any) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return LINEAR(x, w, b)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        x, w = ctx.saved_tensors
+        gx = grad @ w if ctx.needs_input_grad[0] else None
+        flat = grad.reshape(-1, grad.shape[-1])
+        gw = flat.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+        gb = flat.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb
+
+
+def fusable(x: Any, w: Any, b: Any) -> bool:
+    """Whether ``xla_dtensor::linear`` computes exactly this ``F.linear`` call.
+
+    Example:
+        >>> import torch
+        >>> fusable(torch.ones(2, 3), torch.ones(4, 3), None)  # CPU tensors: torch's own kernel
+        False
+    """
+    if not (config.fused_linear and type(x) is LazyTensor and type(w) is LazyTensor):
+        return False
+    if b is not None and (type(b) is not LazyTensor or b.dtype != x.dtype or tuple(b.shape) != (w.shape[0],)):
+        return False
+    return (x.dim() >= 2 and w.dim() == 2 and x.shape[-1] == w.shape[1] and x.dtype == w.dtype
+            and x.dtype.is_floating_point)
+
+
+def _route(x: Any, w: Any, b: Any = None) -> Any:
+    if not fusable(x, w, b):
+        return aten.linear.default.decompose(x, w, b)
+    metrics.incr("fused_linear")
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
+        return _Linear.apply(x, w, b)
+    with torch._C._AutoDispatchBelowAutograd():
+        return LINEAR(x, w, b)
+
+
+_LIB.impl("linear", _route, "AutogradPrivateUse1")
