@@ -4,10 +4,11 @@
 ``addmm`` and ``view`` (2.8 of a transformer forward's every 4.1 recorded ops are views and
 transposes around matmuls). This module registers an ``AutogradPrivateUse1`` kernel that
 records :data:`xla_dtensor.ops.fused_linear.LINEAR` instead, with a backward written in
-torch ops (so double backward works as before). It takes plain lazy tensors of one
-floating dtype, an input of rank >= 2 and matching shapes; anything else (DTensors,
-``XLAShardedTensor``, fake tensors, a 1-D input, shapes torch rejects) and
-``config.fused_linear = False`` take torch's decomposition, with torch's own errors.
+torch ops (so double backward works as before). It takes lazy tensors (``LazyTensor`` and
+its subclasses: ``XLAShardedTensor``, what AUTO and FSDP make parameters) of one floating
+dtype, an input of rank >= 2 and matching shapes; anything else (torch's DTensor over
+lazy tensors, fake tensors, a 1-D input, shapes torch rejects) and
+``config.fused_linear = False`` take torch's decomposition, with its errors.
 
 Example:
     >>> import torch, xla_dtensor
@@ -23,7 +24,7 @@ import torch
 
 from xla_dtensor import metrics
 from xla_dtensor.config import config
-from xla_dtensor.core.tensor import LazyTensor
+from xla_dtensor.core.tensor import SUBCLASSES, LazyTensor
 from xla_dtensor.ops.fused_linear import LINEAR
 
 aten = torch.ops.aten
@@ -49,6 +50,10 @@ class _Linear(torch.autograd.Function):
         return gx, gw, gb
 
 
+def _lazy(t: Any) -> bool:
+    return type(t) is LazyTensor or type(t) in SUBCLASSES
+
+
 def fusable(x: Any, w: Any, b: Any) -> bool:
     """Whether ``xla_dtensor::linear`` computes exactly this ``F.linear`` call.
 
@@ -57,9 +62,9 @@ def fusable(x: Any, w: Any, b: Any) -> bool:
         >>> fusable(torch.ones(2, 3), torch.ones(4, 3), None)  # CPU tensors: torch's own kernel
         False
     """
-    if not (config.fused_linear and type(x) is LazyTensor and type(w) is LazyTensor):
+    if not (config.fused_linear and _lazy(x) and _lazy(w)):
         return False
-    if b is not None and (type(b) is not LazyTensor or b.dtype != x.dtype or tuple(b.shape) != (w.shape[0],)):
+    if b is not None and (not _lazy(b) or b.dtype != x.dtype or tuple(b.shape) != (w.shape[0],)):
         return False
     return (x.dim() >= 2 and w.dim() == 2 and x.shape[-1] == w.shape[1] and x.dtype == w.dtype
             and x.dtype.is_floating_point)

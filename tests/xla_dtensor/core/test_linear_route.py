@@ -1,0 +1,125 @@
+"""``F.linear`` on the jax device records one op (core.linear), against torch CPU: outputs and every
+gradient, half types, double backward, the cases left to torch's decomposition with torch's own
+errors, and trained sharded (DP, 2x4 Megatron via mark_sharding, FSDP, AUTO) and on transformers' Llama."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import xla_dtensor
+import xla_dtensor.spmd as xs
+from xla_dtensor import metrics
+from xla_dtensor.config import config
+from xla_dtensor.fsdp import shard_model
+
+from tests._train import sharded_batch, train
+
+
+def _fused() -> int:
+    return metrics.counters()["fused_linear"]
+
+
+@pytest.mark.parametrize("shape,bias,dtype", [((2, 3, 8), True, torch.float32), ((6, 8), False, torch.float32),
+                                              ((2, 2, 3, 8), True, torch.bfloat16)])
+def test_one_op_with_torch_cpu_values_and_gradients(dev, shape, bias, dtype):
+    torch.manual_seed(0)
+    x, w = torch.randn(shape, dtype=dtype), torch.randn(5, 8, dtype=dtype)
+    b = torch.randn(5, dtype=dtype) if bias else None
+    cpu = [t.clone().requires_grad_() for t in (x, w, b) if t is not None]
+    lazy = [t.to(dev).requires_grad_() for t in (x, w, b) if t is not None]
+    before, ops0 = _fused(), metrics.counters()["ops_recorded"]
+    y = F.linear(*lazy)
+    assert _fused() == before + 1 and metrics.counters()["ops_recorded"] == ops0 + 1
+    want = F.linear(*cpu)
+    tol = dict(rtol=1.6e-2, atol=1e-2) if dtype == torch.bfloat16 else {}
+    assert y.dtype == want.dtype and y.shape == want.shape
+    torch.testing.assert_close(y.cpu(), want.detach(), **tol)
+    (want.float() ** 2).sum().backward()
+    (y.float() ** 2).sum().backward()
+    for c, lz in zip(cpu, lazy):
+        torch.testing.assert_close(lz.grad.cpu(), c.grad, **tol)
+
+
+def test_double_backward_and_no_grad(dev):
+    x, w = torch.randn(4, 3, requires_grad=True), torch.randn(2, 3, requires_grad=True)
+    xl, wl = x.detach().to(dev).requires_grad_(), w.detach().to(dev).requires_grad_()
+    outs = []
+    for a, m in ((x, w), (xl, wl)):
+        (g,) = torch.autograd.grad(F.linear(a, m).tanh().sum(), a, create_graph=True)
+        g.square().sum().backward()  # the gradient's gradient reaches the weight
+        outs.append((g, m.grad))
+    for got, want in zip(outs[1], outs[0]):
+        torch.testing.assert_close(got.cpu(), want.detach())
+    with torch.no_grad():
+        y = F.linear(xl, wl)
+    assert not y.requires_grad and y.grad_fn is None
+    torch.testing.assert_close(y.cpu(), F.linear(x, w).detach())
+
+
+def test_other_calls_take_torch_decomposition_and_its_errors(dev, monkeypatch):
+    w = torch.randn(5, 8)
+    before = _fused()
+    torch.testing.assert_close(F.linear(torch.ones(8).to(dev), w.to(dev)).cpu(), F.linear(torch.ones(8), w))
+    for x, wt, b in ((torch.ones(2, 7), w, None), (torch.ones(2, 8), w, torch.ones(4))):
+        with pytest.raises(RuntimeError) as cpu_error:
+            F.linear(x, wt, b)
+        with pytest.raises(RuntimeError, match=re.escape(str(cpu_error.value).splitlines()[0])):
+            F.linear(x.to(dev), wt.to(dev), None if b is None else b.to(dev))
+    monkeypatch.setattr(config, "fused_linear", False)
+    torch.testing.assert_close(F.linear(torch.ones(2, 3, 8).to(dev), w.to(dev)).cpu(), F.linear(torch.ones(2, 3, 8), w))
+    assert _fused() == before
+    with pytest.raises(ValueError, match="fused_linear must be True or False, got 'yes'"):
+        config.fused_linear = "yes"
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+
+
+BATCHES = [(torch.randn(8, 4, 16, generator=torch.Generator().manual_seed(s)),
+            torch.randn(8, 4, 8, generator=torch.Generator().manual_seed(s + 50))) for s in range(3)]
+
+
+def _layout(mode: str, model: torch.nn.Module, dev):
+    mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
+    if mode == "dp":
+        return model.to(dev), sharded_batch(xs.Mesh(range(8), (8,), ("data",)), dev, ("data", None, None))
+    if mode == "megatron":
+        model.to(dev)
+        xs.mark_sharding(model[0].weight, mesh, ("model", None))
+        xs.mark_sharding(model[0].bias, mesh, ("model",))
+        xs.mark_sharding(model[2].weight, mesh, (None, "model"))
+        return model, sharded_batch(mesh, dev, ("data", None, None))
+    if mode == "fsdp":
+        return shard_model(model, xs.Mesh(range(8), (8,), ("fsdp",))), (lambda t: t.to(dev))
+    return xs.distribute_module(model, mesh, partition_fn=xs.AutoPolicy(time_limit=5, cache_dir=False)), \
+        (lambda t: t.to(dev))
+
+
+@pytest.mark.parametrize("mode", ["dp", "megatron", "fsdp", "auto"])
+def test_sharded_training_matches_cpu_through_the_one_op(dev, mode):
+    ref = _mlp()
+    want = train(lambda x, y: F.mse_loss(ref(x), y), BATCHES, torch.optim.AdamW(ref.parameters(), lr=1e-2))
+    model, put = _layout(mode, _mlp(), dev)
+    before = _fused()
+    got = train(lambda x, y: F.mse_loss(model(x), y), BATCHES, torch.optim.AdamW(model.parameters(), lr=1e-2),
+                put=put, sync=xla_dtensor.sync)
+    assert _fused() - before == 2 * len(BATCHES)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["single", "auto-2x4"])
+def test_transformers_llama_records_its_projections_as_one_op(mode):
+    """transformers' Llama (every projection an nn.Linear) against torch CPU, through the models matrix's
+    own training loop; each of its 7 projections and the LM head is one op per forward."""
+    from benchmarks.models.zoo import ZOO
+    from benchmarks.models.zoo_train import train as zoo_train
+    before = _fused()
+    res = zoo_train(ZOO["hf-llama"], mode, 3)
+    assert _fused() - before == 3 * 8
+    torch.testing.assert_close(torch.tensor(res.losses), torch.tensor(zoo_train(ZOO["hf-llama"], "cpu", 3).losses),
+                               rtol=1e-3, atol=0)
