@@ -56,18 +56,24 @@ def graphs(dev):
     m = model.to(dev)
     xla_dtensor.sync()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.01, foreach=True)
-    # NOTE: the fx trace decomposes SDPA (the math backend): so does the lazy step here, not the fused op
+    # NOTE: the fx trace decomposes SDPA (the math backend) and F.linear: so does the lazy step here, not the
+    # fused ops; a third step records F.linear as one op (xla_dtensor.linear), for its rule's flops
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setattr(xla_dtensor.config, "fused_attention", False)
+    monkeypatch.setattr(xla_dtensor.config, "fused_linear", False)
     try:
         first, first_explicit, _ = _lazy_step(m, opt, idx, tgt, dev)  # optimizer state created inside the step
         xla_dtensor.sync()
         second, second_explicit, _ = _lazy_step(m, opt, idx, tgt, dev)  # state held as device data
         xla_dtensor.sync()
+        monkeypatch.setattr(xla_dtensor.config, "fused_linear", True)
+        fused, fused_explicit, _ = _lazy_step(m, opt, idx, tgt, dev)
+        xla_dtensor.sync()
     finally:
         monkeypatch.undo()
     names = [n for n, _ in m.named_parameters()]
-    return fx, {"first": (first, first_explicit), "second": (second, second_explicit)}, names
+    return fx, {"first": (first, first_explicit), "second": (second, second_explicit),
+                "fused linear": (fused, fused_explicit)}, names
 
 
 def _by_role(g, role):
@@ -91,6 +97,17 @@ def test_structure_matches_fx(graphs, step):
     assert _by_role(g, "input") == _by_role(fx, "input")
     count = lambda gr: collections.Counter(n.op for n in gr.nodes if n.op in MM)  # noqa: E731
     assert count(g) == count(fx)
+    assert _flops(g) == pytest.approx(_flops(fx), rel=0.01)
+
+
+def test_fused_linear_has_the_flops_of_torch_decomposition(graphs):
+    """With F.linear recorded as one op, the matmul flops AUTO costs equal the fx trace's
+    (its addmm / mm of the same layers): the rule in autoshard/strategies/matmul.py."""
+    fx, ir, _ = graphs
+    g, _ = ir["fused linear"]
+    linears = [n for n in g.nodes if n.op == "xla_dtensor.linear.default"]
+    assert len(linears) == 2 * 6 + 1  # 2 layers x (q, k, v, attention and MLP projections) and the LM head
+    assert not [n for n in g.nodes if n.op == "aten.addmm.default"]
     assert _flops(g) == pytest.approx(_flops(fx), rel=0.01)
 
 
