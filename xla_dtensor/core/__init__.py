@@ -17,11 +17,13 @@ from xla_dtensor.core import index_checks as _index_checks  # noqa: E402
 from xla_dtensor.core import autocast as _autocast  # noqa: E402,F401  (registers torch.autocast("jax") kernels)
 from xla_dtensor.core import sdpa as _sdpa  # noqa: E402,F401  (routes F.scaled_dot_product_attention to a fused op)
 from xla_dtensor.core import linear as _linear  # noqa: E402,F401  (routes F.linear to one op)
+from xla_dtensor.core import fused_optim as _fused_optim  # noqa: E402
 from xla_dtensor.core import attention_pattern as _attention_pattern  # noqa: E402,F401  (and softmax(q @ kᵀ) @ v)
 from xla_dtensor.core.executor import mark_step, sync, wait  # noqa: E402
 from xla_dtensor.core.tensor import LazyTensor  # noqa: E402
 
 _special.register_factories()
+_fused_optim.install()
 _index_checks.install()  # after data_dependent: the checks wrap its index handlers
 
 __all__ = ["AutogradEngineWarning", "DEVICE_NAME", "DeviceRegistrationError", "LazyTensor", "device", "mark_step", "sync", "wait"]
