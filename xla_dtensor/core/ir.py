@@ -132,6 +132,24 @@ def make_node(op: Any, key: Any, key_hash: int, inputs: tuple[Node, ...], fn: Ca
 _LEAF_KEYS: dict[tuple, tuple] = {}
 
 
+def canonical(sharding: Any) -> Any:
+    """``sharding`` spelled one way: a ``NamedSharding``'s spec without trailing ``None`` s.
+
+    NOTE: XLA hands its outputs' layouts back in either spelling (``P()`` or ``P(None, None)``
+    for a replicated matrix, depending on the program): as leaf keys they made two programs of
+    one step (an AUTO-planned BERT's third step compiled again). An executable takes arrays of
+    either spelling.
+    """
+    spec = getattr(sharding, "spec", None)
+    if not spec or spec[-1] is not None or getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
+        return sharding
+    from jax.sharding import NamedSharding, PartitionSpec
+    parts = list(spec)
+    while parts and parts[-1] is None:
+        parts.pop()
+    return NamedSharding(sharding.mesh, PartitionSpec(*parts), memory_kind=sharding.memory_kind)
+
+
 def data_leaf(array: Any, shape: tuple[int, ...], dtype: Any) -> Node:
     """A device-data leaf holding ``array``; hashed by (shape, dtype, sharding)."""
     sharding = getattr(array, "sharding", None)
@@ -140,7 +158,7 @@ def data_leaf(array: Any, shape: tuple[int, ...], dtype: Any) -> Node:
     if hit is None or hit[0] is not sharding:
         if len(_LEAF_KEYS) >= CONS_LIMIT:
             _LEAF_KEYS.clear()
-        key = (DATA, shape, dtype, sharding)
+        key = (DATA, shape, dtype, canonical(sharding))
         hit = _LEAF_KEYS[ck] = (sharding, key, hash(key))
     return Node(DATA, hit[1], (), hit[2], None, array)
 

@@ -15,6 +15,7 @@ import torch
 
 from xla_dtensor import metrics
 from xla_dtensor.core.ir import Node, data_leaf, param_leaf
+from xla_dtensor.ops.registry import traced_float_names
 from xla_dtensor.core.tensor import SUBCLASSES as _SUBCLASSES, LazyTensor, value_of
 
 _SCALAR_TYPES = frozenset({"number", "Optional[number]", "List[number]", "Tensor", "Optional[Tensor]"})
@@ -30,7 +31,9 @@ class OpInfo:
         schema = op._schema
         args = schema.arguments
         self.scalar_pos = frozenset(i for i, a in enumerate(args) if not a.kwarg_only and str(a.type) in _SCALAR_TYPES)
-        self.scalar_kw = frozenset(a.name for a in args if a.kwarg_only and str(a.type) in _SCALAR_TYPES)
+        traced = traced_float_names(op)  # float hyperparameters its lowering takes traced (fused optimizers)
+        self.scalar_kw = frozenset(a.name for a in args if a.kwarg_only and (
+            str(a.type) in _SCALAR_TYPES or (a.name in traced and str(a.type) == "float")))
         # mutated arguments: (position, None) or (None, keyword name)
         self.mutated = tuple((i if not a.kwarg_only else None, a.name) for i, a in enumerate(args)
                              if a.alias_info is not None and a.alias_info.is_write)

@@ -6,6 +6,8 @@ updates every parameter and its state in one op; on the ``jax`` device it is one
 The math is torch CPU's fused kernels': the step counters are already incremented by the
 optimizer, ``grad_scale`` divides the gradients (and the unscaled gradients are written
 back), and ``found_inf == 1`` leaves every tensor unchanged. Half types compute in float32.
+The float hyperparameters (``lr``, ``beta1``, ``weight_decay``...) are traced program inputs,
+not constants (``registry.traced_floats``): a learning-rate schedule reuses the step's program.
 
 The functional overloads (``_fused_adamw.default``, what functionalization produces) return
 one list per output group, as their schema says; the in-place overloads return the new
@@ -34,7 +36,7 @@ import jax.numpy as jnp
 import torch
 
 from xla_dtensor.ops.dtypes import compute_type, to_jax, torch_dtype
-from xla_dtensor.ops.registry import lowering
+from xla_dtensor.ops.registry import lowering, traced_floats
 
 aten = torch.ops.aten
 Groups = tuple[list[Any], ...]
@@ -52,6 +54,11 @@ def _prepare(grad: Any, grad_scale: Any, maximize: bool) -> tuple[Any, Any]:
         return grad, -g if maximize else g
     g = g / grad_scale.astype(ct)
     return g, -g if maximize else g
+
+
+def _nonzero(x: Any) -> bool:
+    """Whether hyperparameter ``x`` may be non-zero: a traced one is (the core passes 0 as a literal)."""
+    return not (isinstance(x, (int, float)) and x == 0)
 
 
 def _guarded(new: Groups, old: Groups, found_inf: Any) -> Groups:
@@ -74,7 +81,7 @@ def _adam(decoupled: bool) -> Callable[..., Groups]:
             p, m, v = p.astype(ct), m.astype(ct), v.astype(ct)
             g_out, g = _prepare(grad, grad_scale, maximize)
             step = jnp.reshape(state_steps[i], ()).astype(ct)
-            if weight_decay != 0:
+            if _nonzero(weight_decay):
                 if decoupled:
                     p = p * (1 - lr * weight_decay)
                 else:
@@ -108,16 +115,16 @@ def _sgd(params: list[Any], grads: list[Any], momentum_buffer_list: list[Any], *
         ct = to_jax(compute_type(torch_dtype(p)))
         p = p.astype(ct)
         g_out, g = _prepare(grad, grad_scale, maximize)
-        if weight_decay != 0:
+        if _nonzero(weight_decay):
             g = g + weight_decay * p
-        if momentum != 0:
+        if _nonzero(momentum):
             buf = g if is_first_step else momentum * momentum_buffer_list[i].astype(ct) + (1 - dampening) * g
             new[2].append(buf)
             g = g + momentum * buf if nesterov else buf
         new[0].append(p - lr * g)
         new[1].append(g_out)
-    out = _guarded(new, (params, grads, momentum_buffer_list if momentum != 0 else []), found_inf)
-    return out[:2] + (out[2] if momentum != 0 else list(momentum_buffer_list),)
+    out = _guarded(new, (params, grads, momentum_buffer_list if _nonzero(momentum) else []), found_inf)
+    return out[:2] + (out[2] if _nonzero(momentum) else list(momentum_buffer_list),)
 
 
 def _adagrad(params: list[Any], grads: list[Any], state_sums: list[Any], state_steps: list[Any], *, lr: Any,
@@ -128,7 +135,7 @@ def _adagrad(params: list[Any], grads: list[Any], state_sums: list[Any], state_s
         ct = to_jax(compute_type(torch_dtype(p)))
         p, s = p.astype(ct), s.astype(ct)
         g_out, g = _prepare(grad, grad_scale, maximize)
-        if weight_decay != 0:
+        if _nonzero(weight_decay):
             g = g + weight_decay * p
         clr = lr / (1 + (jnp.reshape(step, ()).astype(ct) - 1) * lr_decay)
         s = s + g * g
@@ -164,6 +171,8 @@ for _ops, _fn, _mutated in (
         ((aten._fused_adagrad_.tensor_lr,), _adagrad, 3),
         ((aten._fused_adagrad_.default,), _adagrad_default, 4)):
     lowering(*_ops)(_fn if _mutated is None else _flattened(_fn, _mutated))
+    # hyperparameters as program inputs: a learning-rate schedule reuses the step's program
+    traced_floats(*_ops, names=("lr", "beta1", "beta2", "weight_decay", "eps", "momentum", "dampening", "lr_decay"))
 del _ops, _fn, _mutated
 
 

@@ -42,6 +42,7 @@ from typing import Any, Callable
 Lowering = Callable[..., Any]
 _LOWERINGS: dict[Any, Lowering] = {}
 _RANDOM: set[Any] = set()
+_TRACED_FLOATS: dict[Any, frozenset[str]] = {}
 
 
 def _overloads(op: Any) -> list[Any]:
@@ -84,6 +85,30 @@ def get_lowering(op: Any) -> Lowering | None:
 def is_random(op: Any) -> bool:
     """Whether ``op``'s lowering takes a PRNG key as its first argument."""
     return op in _RANDOM
+
+
+def traced_floats(*ops: Any, names: tuple[str, ...]) -> None:
+    """Record that the lowerings of ``ops`` take their keyword-only ``float`` arguments ``names`` as
+    traced values: the lazy core then makes each a scalar program input (0 and 1 stay literals),
+    as it does for ``Scalar`` arguments, instead of a constant of the program.
+
+    NOTE: for hyperparameters that change every step (a learning-rate schedule): as constants,
+    each new value is a new program, compiled anew.
+
+    Example:
+        >>> import torch
+        >>> traced_floats(torch.ops.aten._fused_sgd_.default, names=("lr",))
+        >>> "lr" in traced_float_names(torch.ops.aten._fused_sgd_.default)
+        True
+    """
+    for op in ops:
+        for overload in _overloads(op):
+            _TRACED_FLOATS[overload] = _TRACED_FLOATS.get(overload, frozenset()) | frozenset(names)
+
+
+def traced_float_names(op: Any) -> frozenset[str]:
+    """The ``float`` arguments of ``op`` its lowering takes traced (see :func:`traced_floats`)."""
+    return _TRACED_FLOATS.get(op, frozenset())
 
 
 def registered_ops() -> list[Any]:

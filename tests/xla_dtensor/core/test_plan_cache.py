@@ -163,3 +163,18 @@ def test_past_the_tape_limit_the_graph_is_walked(dev, checked, monkeypatch):
         xla_dtensor.sync()
         assert y.cpu().tolist() == [7.0] * 3
     assert not any(checked)
+
+
+def test_one_layout_in_two_spellings_is_one_leaf_key():
+    """XLA returns a replicated matrix's layout as ``P()`` or ``P(None, None)`` by program; as leaf keys
+    the two made a second program of one step (an AUTO BERT's third step compiled again)."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    m = xs.Mesh(range(8), (2, 4), ("data", "model")).jax_mesh()
+    a, b, c = (jax.device_put(np.ones((4, 8), np.float32), NamedSharding(m, spec))
+               for spec in (P(), P(None, None), P("data", None)))
+    keys = [data_leaf(x, (4, 8), torch.float32) for x in (a, b, c)]
+    assert keys[0].key == keys[1].key and keys[0].hash == keys[1].hash
+    assert keys[2].key[3].spec == P("data") and keys[2].hash != keys[0].hash
+    assert ir.canonical(NamedSharding(m, P(None, "model"))).spec == P(None, "model")
