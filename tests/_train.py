@@ -51,3 +51,26 @@ def sharded_batch(mesh: Any, dev: torch.device, spec: tuple = ("data", None)) ->
         return t
     return put
 
+
+
+def sharded_mlp(mode: str, model: Any, dev: torch.device) -> tuple[Any, Callable[[torch.Tensor], torch.Tensor]]:
+    """``model`` (a ``Sequential`` of Linear, activation, Linear) laid out for ``mode`` over 8 devices, and
+    the ``put`` for its batches (``(batch, seq, features)``): ``dp`` (batch split), ``megatron`` (2x4:
+    the first layer split by rows, the second by columns, ``mark_sharding``), ``fsdp``, ``auto`` (2x4)."""
+    import xla_dtensor.spmd as xs
+    from xla_dtensor.fsdp import shard_model
+    mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
+    if mode == "dp":
+        return model.to(dev), sharded_batch(xs.Mesh(range(8), (8,), ("data",)), dev, ("data", None, None))
+    if mode == "megatron":
+        model.to(dev)
+        xs.mark_sharding(model[0].weight, mesh, ("model", None))
+        xs.mark_sharding(model[0].bias, mesh, ("model",))
+        xs.mark_sharding(model[2].weight, mesh, (None, "model"))
+        return model, sharded_batch(mesh, dev, ("data", None, None))
+    if mode == "fsdp":
+        return shard_model(model, xs.Mesh(range(8), (8,), ("fsdp",))), (lambda t: t.to(dev))
+    if mode != "auto":
+        raise ValueError(f"unknown mode {mode!r}; modes: dp, megatron, fsdp, auto")
+    return xs.distribute_module(model, mesh, partition_fn=xs.AutoPolicy(time_limit=5, cache_dir=False)), \
+        (lambda t: t.to(dev))

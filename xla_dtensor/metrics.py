@@ -26,6 +26,7 @@ NAMES = (
     "fused_attention",   # attention calls recorded as one fused attention op (xla_dtensor.ops.fused_attention)
     "fused_attention_fallbacks",  # of those, lowered with XLA's math where the GPU/TPU kernel refused them
     "fused_linear",      # F.linear calls recorded as one op (xla_dtensor.core.linear)
+    "fused_linear_backward",  # their gradients recorded as one op (the same module)
 )
 
 _COUNTS: Counter[str] = Counter({name: 0 for name in NAMES})

@@ -51,3 +51,16 @@ def linear(node: Node, graph: Graph) -> DimRule:
     labels = (batch + ("k",), ("n", "k")) + ((("n",),) if bias else ())
     return DimRule(labels, (batch + ("n",),), _K, additive=frozenset({2}) if bias else frozenset(),
                    flops=2.0 * math.prod(x.shape) * w.shape[0])
+
+
+@register("xla_dtensor.linear_backward")
+def linear_backward(node: Node, graph: Graph) -> DimRule:
+    """The gradients of ``xla_dtensor.linear``: ``grad @ weight`` (contracts ``n``), ``grad.T @ input``
+    and, with a bias, ``grad`` summed (both contract the leading dims); the bias gradient does not
+    depend on ``k``."""
+    g, x, w = ins(node, graph)
+    batch = tuple(None if s == 1 else label for label, s in zip(dims("b", x.ndim - 1), x.shape))
+    outs = (batch + ("k",), ("n", "k")) + ((("n",),) if len(node.outputs) == 3 else ())
+    return DimRule((batch + ("n",), batch + ("k",), ("n", "k")), outs, frozenset({"n", *filter(None, batch)}),
+                   independent=frozenset({(2, "k")}) if len(outs) == 3 else frozenset(),
+                   flops=4.0 * math.prod(x.shape) * w.shape[0])

@@ -3,8 +3,9 @@
 ``aten::linear`` is a composite op: for an input of rank 3 torch records ``t``, ``view``,
 ``addmm`` and ``view`` (2.8 of a transformer forward's every 4.1 recorded ops are views and
 transposes around matmuls). This module registers an ``AutogradPrivateUse1`` kernel that
-records :data:`xla_dtensor.ops.fused_linear.LINEAR` instead, with a backward written in
-torch ops (so double backward works as before). It takes lazy tensors (``LazyTensor`` and
+records :data:`xla_dtensor.ops.fused_linear.LINEAR` instead; its backward is one op too
+(``LINEAR_BACKWARD``), or torch ops where a graph of the gradient is wanted (double
+backward) or only some inputs need a gradient. It takes lazy tensors (``LazyTensor`` and
 its subclasses: ``XLAShardedTensor``, what AUTO and FSDP make parameters) of one floating
 dtype, an input of rank >= 2 and matching shapes; anything else (torch's DTensor over
 lazy tensors, fake tensors, a 1-D input, shapes torch rejects) and
@@ -25,7 +26,7 @@ import torch
 from xla_dtensor import metrics
 from xla_dtensor.config import config
 from xla_dtensor.core.tensor import SUBCLASSES, LazyTensor
-from xla_dtensor.ops.fused_linear import LINEAR
+from xla_dtensor.ops.fused_linear import LINEAR, LINEAR_BACKWARD
 
 aten = torch.ops.aten
 _LIB = torch.library.Library("aten", "IMPL")  # noqa: TOR901  (kept alive: the registration lives with it)
@@ -43,6 +44,13 @@ class _Linear(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         x, w = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        if all(need[:2]) and (need[2] or not ctx.has_bias) and not torch.is_grad_enabled() and _lazy(grad) \
+                and grad.dtype == x.dtype and config.fused_linear:
+            # one recorded op; torch ops below when a graph of the gradient is wanted (double backward)
+            metrics.incr("fused_linear_backward")
+            grads = LINEAR_BACKWARD(grad, x, w, ctx.has_bias)
+            return grads[0], grads[1], grads[2] if ctx.has_bias else None
         gx = grad @ w if ctx.needs_input_grad[0] else None
         flat = grad.reshape(-1, grad.shape[-1])
         gw = flat.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None

@@ -11,10 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import xla_dtensor
-import xla_dtensor.spmd as xs
 from xla_dtensor.config import config
-from xla_dtensor.fsdp import shard_model
-from tests._train import sharded_batch, train
+from tests._train import sharded_mlp, train
 
 # each case traces its own few programs from the same call sites: expected, not a recompile problem
 pytestmark = pytest.mark.filterwarnings("ignore::xla_dtensor.debug.analysis.RecompileWarning")
@@ -147,25 +145,9 @@ def test_config_rejects_a_non_bool():
         config.fused_optimizers = 1
 
 
-def _layout(mode: str, model: torch.nn.Module, dev: Any) -> tuple[torch.nn.Module, Any]:
-    mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
-    if mode == "dp":
-        return model.to(dev), sharded_batch(xs.Mesh(range(8), (8,), ("data",)), dev, ("data", None, None))
-    if mode == "megatron":
-        model.to(dev)
-        xs.mark_sharding(model[0].weight, mesh, ("model", None))
-        xs.mark_sharding(model[0].bias, mesh, ("model",))
-        xs.mark_sharding(model[2].weight, mesh, (None, "model"))
-        return model, sharded_batch(mesh, dev, ("data", None, None))
-    if mode == "fsdp":
-        return shard_model(model, xs.Mesh(range(8), (8,), ("fsdp",))), (lambda t: t.to(dev))
-    return xs.distribute_module(model, mesh, partition_fn=xs.AutoPolicy(time_limit=5, cache_dir=False)), \
-        (lambda t: t.to(dev))
-
-
 @pytest.mark.parametrize("mode", ["dp", "megatron", "fsdp", "auto"])
 def test_sharded_training_steps_fused_with_torch_cpu_results(dev, mode, fused_calls):
-    model, put = _layout(mode, _mlp(), dev)
+    model, put = sharded_mlp(mode, _mlp(), dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     got = _run(model, opt, put=put)
     assert fused_calls == ["_fused_adamw_"] * len(BATCHES)

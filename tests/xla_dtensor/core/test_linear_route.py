@@ -10,12 +10,10 @@ import torch
 import torch.nn.functional as F
 
 import xla_dtensor
-import xla_dtensor.spmd as xs
 from xla_dtensor import metrics
 from xla_dtensor.config import config
-from xla_dtensor.fsdp import shard_model
 
-from tests._train import sharded_batch, train
+from tests._train import sharded_mlp, train
 
 
 def _fused() -> int:
@@ -38,9 +36,29 @@ def test_one_op_with_torch_cpu_values_and_gradients(dev, shape, bias, dtype):
     assert y.dtype == want.dtype and y.shape == want.shape
     torch.testing.assert_close(y.cpu(), want.detach(), **tol)
     (want.float() ** 2).sum().backward()
+    back0 = metrics.counters()["fused_linear_backward"]
     (y.float() ** 2).sum().backward()
+    assert metrics.counters()["fused_linear_backward"] == back0 + 1  # the gradients: one op
     for c, lz in zip(cpu, lazy):
         torch.testing.assert_close(lz.grad.cpu(), c.grad, **tol)
+
+
+@pytest.mark.parametrize("needs", ["weight", "input"])
+def test_gradients_of_some_inputs_take_torch_ops(dev, needs):
+    """Only the weight (frozen input) or only the input (frozen layer) needs a gradient: torch's
+    formula in torch ops, not the three-gradient op."""
+    torch.manual_seed(1)
+    x, w, b = torch.randn(2, 3, 8), torch.randn(5, 8), torch.randn(5)
+    grads = {}
+    for d in ("cpu", dev):
+        xs_, ws_, bs_ = (t.to(d).detach() for t in (x, w, b))
+        leaf = ws_ if needs == "weight" else xs_
+        leaf.requires_grad_()
+        back0 = metrics.counters()["fused_linear_backward"]
+        F.linear(xs_, ws_, bs_).square().sum().backward()
+        assert metrics.counters()["fused_linear_backward"] == back0
+        grads[str(d)] = leaf.grad.cpu()
+    torch.testing.assert_close(grads[str(dev)], grads["cpu"])
 
 
 def test_double_backward_and_no_grad(dev):
@@ -84,32 +102,18 @@ BATCHES = [(torch.randn(8, 4, 16, generator=torch.Generator().manual_seed(s)),
             torch.randn(8, 4, 8, generator=torch.Generator().manual_seed(s + 50))) for s in range(3)]
 
 
-def _layout(mode: str, model: torch.nn.Module, dev):
-    mesh = xs.Mesh(range(8), (2, 4), ("data", "model"))
-    if mode == "dp":
-        return model.to(dev), sharded_batch(xs.Mesh(range(8), (8,), ("data",)), dev, ("data", None, None))
-    if mode == "megatron":
-        model.to(dev)
-        xs.mark_sharding(model[0].weight, mesh, ("model", None))
-        xs.mark_sharding(model[0].bias, mesh, ("model",))
-        xs.mark_sharding(model[2].weight, mesh, (None, "model"))
-        return model, sharded_batch(mesh, dev, ("data", None, None))
-    if mode == "fsdp":
-        return shard_model(model, xs.Mesh(range(8), (8,), ("fsdp",))), (lambda t: t.to(dev))
-    return xs.distribute_module(model, mesh, partition_fn=xs.AutoPolicy(time_limit=5, cache_dir=False)), \
-        (lambda t: t.to(dev))
-
-
 @pytest.mark.parametrize("mode", ["dp", "megatron", "fsdp", "auto"])
 def test_sharded_training_matches_cpu_through_the_one_op(dev, mode):
     ref = _mlp()
     want = train(lambda x, y: F.mse_loss(ref(x), y), BATCHES, torch.optim.AdamW(ref.parameters(), lr=1e-2))
-    model, put = _layout(mode, _mlp(), dev)
+    model, put = sharded_mlp(mode, _mlp(), dev)
     before = _fused()
     got = train(lambda x, y: F.mse_loss(model(x), y), BATCHES, torch.optim.AdamW(model.parameters(), lr=1e-2),
                 put=put, sync=xla_dtensor.sync)
     assert _fused() - before == 2 * len(BATCHES)
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-6)
+    if mode == "auto":  # AUTO planned both ops with their rules (autoshard/strategies/matmul.py)
+        assert model._auto_plan.stats["unknown_ops"] == []
 
 
 @pytest.mark.parametrize("mode", ["single", "auto-2x4"])
