@@ -34,7 +34,7 @@ class DataDependentShapeError(NotImplementedError):
 class Entry:
     """Everything needed to record one (op, signature) on the hot path."""
 
-    __slots__ = ("op", "key", "h", "kind", "fn", "raw", "outs", "random", "step", "n_ret", "kept")
+    __slots__ = ("op", "key", "h", "kind", "fn", "raw", "outs", "random", "step", "n_ret", "kept", "foreach")
 
     def __init__(self, op: Any, key: tuple, kind: str) -> None:
         self.op, self.key, self.h, self.kind = op, key, hash(key), kind
@@ -43,6 +43,7 @@ class Entry:
         self.outs: list[tuple | None] = []
         self.random, self.step, self.n_ret = False, None, 0
         self.kept: frozenset[int] = frozenset()  # in-place targets the lowering returns unchanged
+        self.foreach = str(op).startswith("aten._foreach_")  # item i of the outputs reads item i of the lists
 
 
 def _is_random(op: Any) -> bool:

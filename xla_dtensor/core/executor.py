@@ -411,7 +411,8 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
     with state.deferring() as deferred:
         for hook in PRE_SYNC if pre_hooks else ():
             hook(pending)
-    roots = [s.value for s in pending] + check_roots
+    values, where = _distinct([s.value for s in pending])
+    roots = values + check_roots
     # NOTE: one walk of the graph (none when the step repeats), shared with execute (a second one cost ~10% of a sync)
     plan = plan_cache.plan(roots, make_plan)
     if deferred:
@@ -419,15 +420,53 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
     if foreign or index_checks.PENDING:
         held |= threads.reached_leaves(foreign + [c.node for c in index_checks.PENDING])
     donate = {id(n) for n in plan.leaves if n.op == DATA and id(n) not in held and isinstance(n.data, jax.Array)}
-    arrays = execute(roots, donate, [s.donor for s in pending] + [None] * len(check_roots), plan)
+    firsts = pending if where is None else _firsts(pending, where, len(values))
+    donors = [s.donor for s in firsts]
+    arrays = execute(roots, donate, donors + [None] * len(check_roots), plan)
     clear_cons()  # the graph it indexes is computed; the next step starts a fresh table
-    for s, arr in zip(pending, arrays):
-        s.value = data_leaf(arr, s.meta[0], s.meta[1])
-        s.version += 1
-    tape([s.value for s in pending])  # the next step reads them (plan_cache numbers its leaves by the tape)
+    n = len(values)
+    if where is None:
+        for s, arr in zip(pending, arrays):
+            s.value = data_leaf(arr, s.meta[0], s.meta[1])
+            s.version += 1
+        tape([s.value for s in pending])  # the next step reads them (plan_cache numbers its leaves by the tape)
+    else:  # storages that held one value share its leaf
+        leaves = [data_leaf(arr, f.meta[0], f.meta[1]) for f, arr in zip(firsts, arrays)]
+        for s, k in zip(pending, where):
+            s.value = leaves[k]
+            s.version += 1
+        tape(leaves)
     for hook in POST_SYNC:
         hook(pending)
-    return arrays[:len(pending)], checks, arrays[len(pending):], owner
+    return arrays[:n], checks, arrays[n:], owner
+
+
+def _distinct(values: list[Node]) -> tuple[list[Node], list[int] | None]:
+    """(``values`` without repeats, and for each value its position there; ``None`` when none repeats).
+
+    NOTE: storages whose pending values are one node (equal optimizer step counters, a tensor
+    copied into another) get one program output and share its leaf.
+    """
+    if len(set(map(id, values))) == len(values):
+        return values, None
+    at: dict[int, int] = {}
+    out: list[Node] = []
+    where = []
+    for v in values:
+        k = at.setdefault(id(v), len(out))
+        if k == len(out):
+            out.append(v)
+        where.append(k)
+    return out, where
+
+
+def _firsts(pending: list[Storage], where: list[int], n: int) -> list[Storage]:
+    """Per distinct value, the first storage holding it (its donor pairs the output: :func:`arg_order`)."""
+    firsts: list[Storage | None] = [None] * n
+    for s, k in zip(pending, where):
+        if firsts[k] is None:
+            firsts[k] = s
+    return firsts  # type: ignore[return-value]
 
 
 def _seq(s: Storage) -> int:

@@ -15,7 +15,9 @@ first step when all hold: the optimizer's class is exactly ``Adam``, ``AdamW`` o
 ``differentiable``; every parameter is a floating-point lazy tensor (``LazyTensor`` or a
 subclass: ``XLAShardedTensor``, not torch's ``DTensor``); and no parameter of the group
 has optimizer state yet (state loaded from a checkpoint keeps the implementation it
-was made for). ``xla_dtensor.config.fused_optimizers = False`` turns the switch off.
+was made for); and the step is not being traced by ``xla_dtensor.compile`` (whose signature
+holds the groups' settings, and whose replays run no Python). ``xla_dtensor.config.fused_optimizers
+= False`` turns the switch off.
 
 Example:
     >>> import torch, xla_dtensor
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 
 from xla_dtensor.config import config
+from xla_dtensor.core.state import STATE
 from xla_dtensor.core.tensor import SUBCLASSES, LazyTensor
 
 _FUSABLE = frozenset({torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD})
@@ -54,8 +57,8 @@ def prefer_fused(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     """The pre-step hook: switch ``opt``'s new groups to ``fused=True`` where the module doc says."""
     groups = opt.param_groups
     seen = getattr(opt, _CHECKED, 0)
-    if seen == len(groups) or type(opt) not in _FUSABLE:
-        return
+    if seen == len(groups) or type(opt) not in _FUSABLE or STATE.capturing:
+        return  # NOTE: under xla_dtensor.compile the groups are part of the call's signature: left alone
     setattr(opt, _CHECKED, len(groups))
     if not config.fused_optimizers:
         return

@@ -136,9 +136,10 @@ def canonical(sharding: Any) -> Any:
     """``sharding`` spelled one way: a ``NamedSharding``'s spec without trailing ``None`` s.
 
     NOTE: XLA hands its outputs' layouts back in either spelling (``P()`` or ``P(None, None)``
-    for a replicated matrix, depending on the program): as leaf keys they made two programs of
-    one step (an AUTO-planned BERT's third step compiled again). An executable takes arrays of
-    either spelling.
+    for a replicated matrix, depending on the program): hashed as they are, they made two
+    programs of one step (an AUTO-planned BERT's third step compiled again). A leaf's hash (a
+    program's identity) takes this spelling; its key keeps the array's own (for messages). An
+    executable takes arrays of either spelling.
     """
     spec = getattr(sharding, "spec", None)
     if not spec or spec[-1] is not None or getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
@@ -158,8 +159,8 @@ def data_leaf(array: Any, shape: tuple[int, ...], dtype: Any) -> Node:
     if hit is None or hit[0] is not sharding:
         if len(_LEAF_KEYS) >= CONS_LIMIT:
             _LEAF_KEYS.clear()
-        key = (DATA, shape, dtype, canonical(sharding))
-        hit = _LEAF_KEYS[ck] = (sharding, key, hash(key))
+        key = (DATA, shape, dtype, sharding)  # hashed by the layout's one spelling (see canonical)
+        hit = _LEAF_KEYS[ck] = (sharding, key, hash((DATA, shape, dtype, canonical(sharding))))
     return Node(DATA, hit[1], (), hit[2], None, array)
 
 

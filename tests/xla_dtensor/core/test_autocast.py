@@ -463,7 +463,8 @@ def test_sharded_steps_match_cpu_autocast(gpt_one_layer, dev, mode, monkeypatch)
             assert _spec(params[name]) == spec, name
     if mode == "auto":  # the plan was costed on the autocast graph: its matmuls move bfloat16 bytes
         (graph,) = graphs
-        mms = [n for n in graph.nodes if n.op.split(".")[-2:-1] in (["mm"], ["addmm"], ["bmm"])]
+        products = (["mm"], ["addmm"], ["bmm"], ["linear"], ["linear_backward"])
+        mms = [n for n in graph.nodes if n.op.split(".")[-2:-1] in products]
         assert mms and all(n.out.dtype == "bfloat16" and n.out.nbytes == 2 * n.out.numel for n in mms), \
             [(n.op, n.out) for n in mms]
         assert m._auto_plan is not None
