@@ -9,7 +9,8 @@ medians of 10 steps:
 * ``lazy``: the same model on the ``jax`` device, ``xla_dtensor.sync()`` after each step
   (cache hits after the warm-up). Host time is the calling thread's CPU time
   (``time.thread_time``) per step, also divided by the ops recorded per step
-  (``metrics ops_recorded``). Overlap: the back-to-back step wall time next to the host
+  (``metrics ops_recorded``); the parts of a step (forward, backward wall, optimizer,
+  sync) for both cases. Overlap: the back-to-back step wall time next to the host
   wall time (until ``sync()`` returns) plus the device time (the same step with a
   ``wait()`` after ``sync()``: the wait's wall time).
 * ``lazy_tp`` / ``lazy_auto``: the lazy case on 8 devices, 2x4 Megatron (``mark_sharding`` on
@@ -64,6 +65,28 @@ def _step(model: Any, opt: Any, batch: tuple) -> Any:
     return loss
 
 
+def _phases(model: Any, opt: Any, batch: tuple, steps: int, sync: Any = None) -> dict:
+    """Medians (ms) of each part of a step: the calling thread's CPU time of the forward, the
+    optimizer step (with ``zero_grad``) and ``sync``; the backward's wall time (for the ``jax``
+    device torch runs it on its autograd engine thread, whose CPU time the calling thread's omits)."""
+    parts: dict[str, list[float]] = {"forward": [], "backward wall": [], "optimizer": [], "sync": []}
+    for _ in range(steps):
+        c0 = time.thread_time()
+        loss = model(*batch)
+        c1, w1 = time.thread_time(), time.perf_counter()
+        loss.backward()
+        w2, c2 = time.perf_counter(), time.thread_time()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        c3 = time.thread_time()
+        if sync is not None:
+            sync()
+        c4 = time.thread_time()
+        for k, v in zip(parts, (c1 - c0, w2 - w1, c3 - c2, c4 - c3)):
+            parts[k].append(1e3 * v)
+    return {k: statistics.median(v) for k, v in parts.items()}
+
+
 def case_torch(args: argparse.Namespace) -> dict:
     import torch
     torch.set_num_threads(1)
@@ -76,7 +99,8 @@ def case_torch(args: argparse.Namespace) -> dict:
         if i >= 3:
             cpu.append(c1 - c0)
             wall.append(w1 - w0)
-    return {"cpu_ms": 1e3 * statistics.median(cpu), "wall_ms": 1e3 * statistics.median(wall)}
+    return {"cpu_ms": 1e3 * statistics.median(cpu), "wall_ms": 1e3 * statistics.median(wall),
+            "phases": _phases(model, opt, batch, args.steps)}
 
 
 def _setup_sharded(row: str, opt_name: str) -> tuple[Any, Any, Any]:
@@ -126,8 +150,9 @@ def case_lazy(args: argparse.Namespace, layout: str = "one") -> dict:
         w2 = time.perf_counter()
         waited_host.append(w1 - w0)
         device.append(w2 - w1)
+    phases = _phases(model, opt, batch, args.steps, xla_dtensor.sync)
     compiles, reused = metrics.counters()["compiles"], metrics.counters()["plans_reused"]
-    return {"plans_reused": reused, "syncs": 3 * args.steps + 3,
+    return {"plans_reused": reused, "syncs": 4 * args.steps + 3, "phases": phases,
             "cpu_ms": 1e3 * statistics.median(cpu), "host_wall_ms": 1e3 * statistics.median(host_wall),
             "ops": statistics.median(ops), "us_per_op": 1e6 * statistics.median(cpu) / statistics.median(ops),
             "step_wall_ms": 1e3 * back_to_back, "waited_host_ms": 1e3 * statistics.median(waited_host),
@@ -222,6 +247,8 @@ def _table(label: str, opt: str, t: dict, lz: dict, pr: dict, sharded: dict) -> 
         ("ops recorded / step", lz["ops"]),
         ("lazy host CPU us / recorded op", lz["us_per_op"]),
         ("lazy host wall ms (until sync)", lz["host_wall_ms"]),
+        ("torch eager step wall ms", t["wall_ms"]),
+        ("lazy host wall / torch eager wall", lz["host_wall_ms"] / t["wall_ms"]),
         ("lazy step wall ms (back to back)", lz["step_wall_ms"]),
         ("waited: host wall ms", lz["waited_host_ms"]),
         ("waited: device tail ms", lz["device_ms"]),
@@ -235,6 +262,11 @@ def _table(label: str, opt: str, t: dict, lz: dict, pr: dict, sharded: dict) -> 
                  (f"{name}: ops recorded / step", sh["ops"])]
     for name, v in rows:
         lines.append(f"{name:<38}{v:>10.2f}")
+    lines.append("")
+    lines.append("parts of a step, ms (CPU of the calling thread; the backward: wall time):")
+    lines.append(f"  {'':<22}" + "".join(f"{k:>15}" for k in lz["phases"]))
+    for who, res in (("torch eager", t), ("lazy", lz)):
+        lines.append(f"  {who:<22}" + "".join(f"{res['phases'].get(k, 0.0):>15.2f}" for k in lz["phases"]))
     lines.append("")
     lines.append(f"profile (cProfile, thread CPU time; {pr['total_ms']:.1f} ms/step under the profiler), us per op:")
     for k, v in sorted(pr["bins_us_per_op"].items(), key=lambda kv: -kv[1]):

@@ -50,8 +50,8 @@ class Config:
             decomposition into primitive ops. See ``xla_dtensor/core/sdpa.py``.
         fused_linear: record ``F.linear`` of plain lazy tensors as one op (``True``, the
             default) instead of torch's ``t``/``view``/``addmm``/``view`` (~2 us of host
-            time less per layer projection); ``False``: the decomposition. See
-            ``xla_dtensor/core/linear.py``.
+            time less per layer projection), and its gradients as one op instead of ~9;
+            ``False``: the decomposition. See ``xla_dtensor/core/linear.py``.
         fused_optimizers: torch's Adam, AdamW and SGD over lazy parameters, made with
             neither ``foreach`` nor ``fused``, take their fused implementation at their
             first step (``True``, the default: one recorded op a step instead of ~10 list

@@ -133,6 +133,8 @@ SHARDINGS_LIMIT = 4096
 
 def _sharding_codes(tape: list[Node]) -> np.ndarray:
     shardings = list(map(_SHARDING, tape))
+    if shardings.count(None) == len(shardings):  # NOTE: the common case, at C speed (~0.25 ms a GPT step less)
+        return np.zeros(len(shardings), np.int64)
     codes = list(map(_CODE_BY_ID.get, map(id, shardings)))
     if None in codes:
         for i, c in enumerate(codes):
