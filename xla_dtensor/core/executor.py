@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import time
 import warnings
 from typing import Any, Callable, Iterable, NamedTuple
@@ -447,17 +448,12 @@ def _distinct(values: list[Node]) -> tuple[list[Node], list[int] | None]:
     NOTE: storages whose pending values are one node (equal optimizer step counters, a tensor
     copied into another) get one program output and share its leaf.
     """
-    if len(set(map(id, values))) == len(values):
+    ids = list(map(id, values))
+    distinct = list(dict.fromkeys(ids))  # (C-level passes: a GPT step has ~600 values)
+    if len(distinct) == len(ids):
         return values, None
-    at: dict[int, int] = {}
-    out: list[Node] = []
-    where = []
-    for v in values:
-        k = at.setdefault(id(v), len(out))
-        if k == len(out):
-            out.append(v)
-        where.append(k)
-    return out, where
+    index, by_id = dict(zip(distinct, itertools.count())), dict(zip(ids, values))
+    return list(map(by_id.__getitem__, distinct)), list(map(index.__getitem__, ids))
 
 
 def _firsts(pending: list[Storage], where: list[int], n: int) -> list[Storage]:

@@ -193,3 +193,18 @@ def test_a_learning_rate_schedule_reuses_the_program(dev, name, fused_calls):
     assert fused_calls == [op] * 5
     assert compiles[-1] == compiles[2], compiles  # steps 4 and 5 (new rates) reuse step 3's programs
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-6)
+
+
+def test_equal_step_counters_are_one_program_value(dev):
+    """The counters are one value (one program output, one leaf shared by their storages); a later
+    write to one of them changes that one alone."""
+    from xla_dtensor.core.tensor import value_of
+    model = _mlp().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    _run(model, opt, put=lambda t: t.to(dev))
+    steps = [st["step"] for st in opt.state.values()]
+    assert len(steps) == 4 and len({id(value_of(s)) for s in steps}) == 1
+    assert [s.item() for s in steps] == [float(len(BATCHES))] * 4
+    steps[1].add_(5)
+    xla_dtensor.sync()
+    assert [s.item() for s in steps] == [3.0, 8.0, 3.0, 3.0]
