@@ -55,7 +55,7 @@ class Config:
         fused_optimizers: torch's Adam, AdamW and SGD over lazy parameters, made with
             neither ``foreach`` nor ``fused``, take their fused implementation at their
             first step (``True``, the default: one recorded op a step instead of ~10 list
-            ops, a third less host time on the 12-layer benchmark GPT); ``False``: torch's
+            ops, ~20% less host time a step on the 12-layer benchmark GPT); ``False``: torch's
             default (``foreach``). See ``xla_dtensor/core/fused_optim.py``.
         gc_threshold: Python's young-generation collection threshold (the first value of
             ``gc.set_threshold``) while the library is loaded: raised to this value, never

@@ -5,7 +5,7 @@ implementation for a ``jax`` parameter list: ~10 list ops a step, each one recor
 plus one output node and one write per parameter, with torch's Python between them.
 The fused one (``_fused_adamw_``...) is one recorded op (and one ``_foreach_add_`` of the
 step counters): on the 12-layer benchmark GPT the AdamW step records 786 ops instead of
-1,576 and the step's host time falls by a third (``benchmarks/results/lazy_overhead.md``).
+1,576 and the step's host time falls by ~20% (``benchmarks/results/lazy_overhead.md``).
 Both compute the same update; torch keeps a fused optimizer's step counters on the
 device, as it does on CUDA.
 
