@@ -21,8 +21,11 @@ medians of 10 steps:
   hashing, output tensors, autograd and modules (everything outside our dispatch), the
   sync walk, ...). The profiler inflates Python-heavy parts; the shares are what matter.
 
+The torch and lazy cases run in turn ``--rounds`` times (3): the table gives the median
+round of each and the median of the rounds' ratios (the machine's speed drifts over minutes).
+
 Usage: PYTHONPATH=. python benchmarks/lazy_overhead.py [--opt adamw|sgd] [--label after]
-[--steps 10] [--no-save]
+[--steps 10] [--rounds 3] [--no-save]
 
 Writes ``benchmarks/results/lazy_overhead.md`` (the section for ``--label``, other
 labels' sections kept) and ``benchmarks/results/lazy_overhead.png``. A benchmark, not a test.
@@ -237,18 +240,34 @@ def _run_case(name: str, args: argparse.Namespace) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _alternated(args: argparse.Namespace) -> tuple[dict, dict]:
+    """The torch and lazy cases run in turn ``--rounds`` times (one process each); each one's
+    round closest to its median host time, with the ratio's median over rounds.
+
+    NOTE: the shared machine's speed drifts over minutes (one step's time varies 1.5x between
+    runs of the same code): a ratio taken from two runs minutes apart says more about the
+    drift than about the code, one from adjacent runs less.
+    """
+    rounds = [(_run_case("torch", args), _run_case("lazy", args)) for _ in range(args.rounds)]
+    pick = lambda xs: sorted(xs, key=lambda r: r["cpu_ms"])[len(xs) // 2]  # noqa: E731
+    t, lz = pick([r[0] for r in rounds]), pick([r[1] for r in rounds])
+    lz = {**lz, "ratios": [r[1]["cpu_ms"] / r[0]["cpu_ms"] for r in rounds],
+          "wall_ratios": [r[1]["host_wall_ms"] / r[0]["wall_ms"] for r in rounds]}
+    return t, lz
+
+
 def _table(label: str, opt: str, t: dict, lz: dict, pr: dict, sharded: dict) -> str:
     lines = [f"## {label} ({opt})", "", "```"]
     lines.append(f"{'case':<38}{'value':>10}")
     rows = [
         ("torch eager step, CPU ms", t["cpu_ms"]),
         ("lazy host CPU ms / step", lz["cpu_ms"]),
-        ("lazy / torch eager", lz["cpu_ms"] / t["cpu_ms"]),
+        ("lazy / torch eager", statistics.median(lz["ratios"])),
         ("ops recorded / step", lz["ops"]),
         ("lazy host CPU us / recorded op", lz["us_per_op"]),
         ("lazy host wall ms (until sync)", lz["host_wall_ms"]),
         ("torch eager step wall ms", t["wall_ms"]),
-        ("lazy host wall / torch eager wall", lz["host_wall_ms"] / t["wall_ms"]),
+        ("lazy host wall / torch eager wall", statistics.median(lz["wall_ratios"])),
         ("lazy step wall ms (back to back)", lz["step_wall_ms"]),
         ("waited: host wall ms", lz["waited_host_ms"]),
         ("waited: device tail ms", lz["device_ms"]),
@@ -262,6 +281,8 @@ def _table(label: str, opt: str, t: dict, lz: dict, pr: dict, sharded: dict) -> 
                  (f"{name}: ops recorded / step", sh["ops"])]
     for name, v in rows:
         lines.append(f"{name:<38}{v:>10.2f}")
+    lines.append(f"lazy / torch eager per round: {', '.join(f'{r:.2f}' for r in lz['ratios'])} "
+                 "(torch, then lazy, in turn; the table: the median round of each, the ratios' median)")
     lines.append("")
     lines.append("parts of a step, ms (CPU of the calling thread; the backward: wall time):")
     lines.append(f"  {'':<22}" + "".join(f"{k:>15}" for k in lz["phases"]))
@@ -326,14 +347,14 @@ def main() -> None:
     p.add_argument("--case", choices=list(CASES))
     p.add_argument("--opt", choices=["adamw", "sgd"], default="adamw")
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3, help="torch and lazy cases run in turn this many times")
     p.add_argument("--label", default="current")
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args()
     if args.case:
         print(json.dumps(CASES[args.case](args)))
         return
-    t = _run_case("torch", args)
-    lz = _run_case("lazy", args)
+    t, lz = _alternated(args)
     pr = _run_case("profile", args)
     sharded = {"lazy 2x4 Megatron": _run_case("lazy_tp", args), "lazy AUTO 2x4": _run_case("lazy_auto", args)}
     section = _table(args.label, args.opt, t, lz, pr, sharded)

@@ -13,7 +13,7 @@ import functools
 import itertools
 import time
 import warnings
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable
 
 import jax
 import numpy as np
@@ -58,16 +58,62 @@ class Struct(tuple):
         return h
 
 
-class Plan(NamedTuple):
-    """A pending graph laid out for lowering, from one topological walk of its roots."""
+class Plan:
+    """A pending graph laid out for lowering, from one topological walk of its roots.
 
-    struct: tuple  # node hashes, wiring and shardings: the program's cache identity
-    order: list[Node]  # every node, inputs before users
-    leaves: list[Node]  # the program's arguments, in order
-    fns: list[Callable[..., Any] | None]
-    wiring: list[tuple]
-    shardings: list[Any]  # per node, the constraint to apply (None: none)
-    outs: list[int]  # positions of the roots in ``order``
+    ``order``, ``fns``, ``wiring`` and ``shardings`` may be given as one function (``fill``) that
+    returns them when first read: a repeated step's plan (``core.plan_cache``) whose program is
+    cached runs without them.
+    """
+
+    __slots__ = ("struct", "leaves", "outs", "_order", "_fns", "_wiring", "_shardings", "_fill")
+    _FIELDS = ("struct", "order", "leaves", "fns", "wiring", "shardings", "outs")
+
+    def __init__(self, struct: tuple, order: list[Node] | None, leaves: list[Node], fns: list | None,
+                 wiring: list[tuple] | None, shardings: list[Any] | None, outs: list[int],
+                 fill: Callable[[], tuple[list, list, list, list]] | None = None) -> None:
+        self.struct = struct  # node hashes, wiring and shardings: the program's cache identity
+        self.leaves = leaves  # the program's arguments, in order
+        self.outs = outs  # positions of the roots in ``order``
+        self._order, self._fns, self._wiring, self._shardings = order, fns, wiring, shardings
+        self._fill = fill
+
+    def _filled(self) -> None:
+        self._order, self._fns, self._wiring, self._shardings = self._fill()  # type: ignore[misc]
+        self._fill = None
+
+    @property
+    def order(self) -> list[Node]:
+        """Every node, inputs before users."""
+        if self._fill is not None:
+            self._filled()
+        return self._order  # type: ignore[return-value]
+
+    @property
+    def fns(self) -> list[Callable[..., Any] | None]:
+        if self._fill is not None:
+            self._filled()
+        return self._fns  # type: ignore[return-value]
+
+    @property
+    def wiring(self) -> list[tuple]:
+        if self._fill is not None:
+            self._filled()
+        return self._wiring  # type: ignore[return-value]
+
+    @property
+    def shardings(self) -> list[Any]:
+        """Per node, the constraint to apply (None: none)."""
+        if self._fill is not None:
+            self._filled()
+        return self._shardings  # type: ignore[return-value]
+
+    def _replace(self, **changes: Any) -> Plan:
+        """A copy with ``changes`` (fields by name, as a NamedTuple's)."""
+        unknown = set(changes) - set(self._FIELDS)
+        if unknown:
+            raise TypeError(f"Plan has no field(s) {sorted(unknown)}; fields: {self._FIELDS}")
+        return Plan(*[changes[f] if f in changes else getattr(self, f) for f in self._FIELDS])
 
 
 def make_plan(roots: list[Node]) -> Plan:
@@ -179,6 +225,7 @@ def store(key: Any, compiled: Any) -> None:
     while len(_CACHE) > config.cache_size:
         _, evicted = _CACHE.popitem(last=False)
         _SCALAR_SLOTS.pop(id(evicted), None)  # its scalar slots would keep the executable (and its memory maps) alive
+        _OUT_KEYS.pop(id(evicted), None)
 
 
 def release_executables() -> int:
@@ -196,6 +243,9 @@ def release_executables() -> int:
     n = len(_CACHE)
     _CACHE.clear()
     _SCALAR_SLOTS.clear()
+    _OUT_KEYS.clear()
+    global _RAN
+    _RAN = None
     from xla_dtensor.core import at_once
     at_once.release()
     jax.clear_caches()
@@ -242,41 +292,58 @@ def donatable(leaf: Node) -> bool:
 
 
 def layout(roots: list[Node], donate: set[int] | None = None, partners: list[int | None] | None = None,
-           plan: Plan | None = None) -> tuple[Plan, list[int] | None, tuple[int, ...], tuple]:
+           plan: Plan | None = None, donated: list[int] | None = None
+           ) -> tuple[Plan, list[int] | tuple[int, ...] | None, tuple[int, ...], tuple]:
     """``roots``' plan, argument order (None: plan order), donated argument positions and
     executable cache key; the arguments are ``arguments(plan, order)``.
 
-    ``donate``, ``partners`` and ``plan`` as in :func:`execute`.
+    ``donate``, ``partners``, ``plan`` and ``donated`` as in :func:`execute`.
     """
     plan = make_plan(roots) if plan is None else plan
-    order, donate_idx = None, ()
-    donated = {i for i, n in enumerate(plan.leaves) if id(n) in donate and donatable(n)} \
-        if donate and config.donate else set()
-    if donated:
-        at = {id(n): i for i, n in enumerate(plan.leaves)}
-        order = arg_order(len(plan.leaves), donated, [at.get(p) for p in partners or ()])
+    if not config.donate:
+        donated = []
+    elif donated is None:
+        donated = [i for i, n in enumerate(plan.leaves) if id(n) in donate and donatable(n)] if donate else []
+    if not donated:
+        return plan, None, (), (plan.struct, tuple(plan.outs), (), None)
+    at = dict(zip(map(id, plan.leaves), itertools.count()))
+    paired = tuple(map(at.get, partners or ()))
+    memo = (plan.struct, tuple(plan.outs), tuple(donated), paired)
+    hit = _ORDERS.get(memo)
+    if hit is None:  # NOTE: a repeated step donates the same positions to the same outputs (~0.3 ms a GPT step)
+        order = tuple(arg_order(len(plan.leaves), set(donated), paired))
         donate_idx = tuple(range(len(order) - len(donated), len(order)))
-    key = (plan.struct, tuple(plan.outs), donate_idx, tuple(order) if order is not None else None)
-    return plan, order, donate_idx, key
+        if len(_ORDERS) >= 4 * config.cache_size:
+            _ORDERS.clear()
+        hit = _ORDERS[memo] = (order, donate_idx, (plan.struct, memo[1], donate_idx, order))
+    return plan, hit[0], hit[1], hit[2]
+
+
+# (plan structure, outputs, donated leaf positions, partner positions) -> (argument order, donated
+# arguments, executable key)
+_ORDERS: dict[tuple, tuple] = {}
 
 
 @guard
 def execute(roots: list[Node], donate: set[int] | None = None, partners: list[int | None] | None = None,
-            plan: Plan | None = None) -> list[Any]:
+            plan: Plan | None = None, donated: list[int] | None = None) -> list[Any]:
     """Compute ``roots``; returns their arrays.
 
     ``donate``: ids of leaves whose buffers may be reused; ``partners``: per root, the
     id of the leaf it overwrites (see :func:`arg_order`); ``plan``: ``make_plan(roots)`` if the
-    caller has it.
+    caller has it; ``donated``: instead of ``donate``, the positions in ``plan.leaves`` of the
+    donatable leaves (ascending).
     """
     t0 = time.perf_counter()
-    plan, order, donate_idx, key = layout(roots, donate, partners, plan)
+    plan, order, donate_idx, key = layout(roots, donate, partners, plan, donated)
     compiled = lookup(key)
     fresh = compiled is None
     if fresh:
         compiled = lower(plan, donate_idx, order).compile()
         store(key, compiled)
     result = compiled(*placed_scalars(compiled, key, arguments(plan, order)))
+    global _RAN
+    _RAN = compiled
     metrics._COUNTS["executions"] += 1
     for hook in ON_EXECUTE:
         hook(roots, fresh, time.perf_counter() - t0)
@@ -420,26 +487,52 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
         plan = _deferred(plan, pending, before)
     if foreign or index_checks.PENDING:
         held |= threads.reached_leaves(foreign + [c.node for c in index_checks.PENDING])
-    donate = {id(n) for n in plan.leaves if n.op == DATA and id(n) not in held and isinstance(n.data, jax.Array)}
+    donated = [i for i, n in enumerate(plan.leaves)
+               if n.op == DATA and n.key[1] != () and id(n) not in held and isinstance(n.data, jax.Array)]
     firsts = pending if where is None else _firsts(pending, where, len(values))
     donors = [s.donor for s in firsts]
-    arrays = execute(roots, donate, donors + [None] * len(check_roots), plan)
+    arrays = execute(roots, None, donors + [None] * len(check_roots), plan, donated)
     clear_cons()  # the graph it indexes is computed; the next step starts a fresh table
     n = len(values)
+    leaves = out_leaves(arrays[:n], [f.meta for f in firsts])
     if where is None:
-        for s, arr in zip(pending, arrays):
-            s.value = data_leaf(arr, s.meta[0], s.meta[1])
+        for s, leaf in zip(pending, leaves):
+            s.value = leaf
             s.version += 1
-        tape([s.value for s in pending])  # the next step reads them (plan_cache numbers its leaves by the tape)
     else:  # storages that held one value share its leaf
-        leaves = [data_leaf(arr, f.meta[0], f.meta[1]) for f, arr in zip(firsts, arrays)]
         for s, k in zip(pending, where):
             s.value = leaves[k]
             s.version += 1
-        tape(leaves)
+    tape(leaves)  # the next step reads them (plan_cache numbers its leaves by the tape)
     for hook in POST_SYNC:
         hook(pending)
     return arrays[:n], checks, arrays[n:], owner
+
+
+_RAN: Any = None  # the executable execute() ran last (under the lock)
+# id(executable) -> (the executable, its outputs' metadata, their leaf keys and hashes, the first output's layout)
+_OUT_KEYS: dict[int, tuple] = {}
+
+
+def out_leaves(arrays: list[Any], metas: list[tuple]) -> list[Node]:
+    """Device-data leaves of output ``arrays`` (of metadata ``metas``) of the executable :func:`execute` ran last.
+
+    NOTE: an executable hands back arrays of the same layouts (its output shardings, the same
+    objects) every call: the leaf keys of its outputs are made once, not per output and call
+    (reading a jax array's sharding and finding its key cost ~0.5 ms a GPT step).
+    """
+    compiled = _RAN
+    hit = _OUT_KEYS.get(id(compiled))
+    if hit is None or hit[0] is not compiled or hit[1] != metas or not arrays \
+            or getattr(arrays[0], "sharding", None) is not hit[3]:
+        leaves = [data_leaf(a, m[0], m[1]) for a, m in zip(arrays, metas)]
+        if compiled is not None and arrays:
+            if len(_OUT_KEYS) > 2 * config.cache_size:
+                _OUT_KEYS.clear()
+            _OUT_KEYS[id(compiled)] = (compiled, metas, [(x.key, x.hash) for x in leaves],
+                                       getattr(arrays[0], "sharding", None))
+        return leaves
+    return [Node(DATA, k, (), h, None, a) for (k, h), a in zip(hit[2], arrays)]
 
 
 def _distinct(values: list[Node]) -> tuple[list[Node], list[int] | None]:

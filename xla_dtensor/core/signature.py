@@ -8,6 +8,7 @@ and appears as itself. Shape inference is cached per (op, signature).
 """
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
@@ -66,6 +67,17 @@ def _cpu_scalar_leaf(t: torch.Tensor) -> Node:
     return data_leaf(arr, (), t.dtype)
 
 
+_META = operator.attrgetter("_meta")
+_ROOT_VALUE = operator.attrgetter("_storage.value")
+_CHAIN = operator.attrgetter("_chain")
+
+
+def _roots(a: list | tuple) -> bool:
+    """Whether every item of ``a`` is a lazy tensor that is not a view (its value is its storage's)."""
+    types = set(map(type, a))
+    return all(t is LazyTensor or t in _SUBCLASSES for t in types) and not any(map(_CHAIN, a))
+
+
 def _arg(a: Any, scal: bool, dyn: list[Node]) -> Any:
     tp = type(a)
     if tp is LazyTensor:
@@ -77,6 +89,9 @@ def _arg(a: Any, scal: bool, dyn: list[Node]) -> Any:
             return _PTYPE[tp]
         return (tp, a)
     if tp is list or tp is tuple:
+        if len(a) > 8 and _roots(a):  # NOTE: a fused optimizer's or foreach op's lists, at C speed (~0.3 ms a GPT step)
+            dyn.extend(map(_ROOT_VALUE, a))
+            return tuple(map(_META, a))
         return tuple([_arg(x, scal, dyn) for x in a])
     if tp in _SUBCLASSES:
         dyn.append(value_of(a) if a._chain else a._storage.value)
