@@ -72,10 +72,10 @@ def fusable(x: Any, w: Any, b: Any) -> bool:
     """
     if not (config.fused_linear and _lazy(x) and _lazy(w)):
         return False
-    if b is not None and (not _lazy(b) or b.dtype != x.dtype or tuple(b.shape) != (w.shape[0],)):
+    (xs, xd, _), (ws, wd, _) = x._meta, w._meta  # NOTE: not .shape / .dim(): each a call into torch
+    if b is not None and (not _lazy(b) or b._meta[1] is not xd or b._meta[0] != ws[:1]):
         return False
-    return (x.dim() >= 2 and w.dim() == 2 and x.shape[-1] == w.shape[1] and x.dtype == w.dtype
-            and x.dtype.is_floating_point)
+    return len(xs) >= 2 and len(ws) == 2 and xs[-1] == ws[1] and xd is wd and xd.is_floating_point
 
 
 def _route(x: Any, w: Any, b: Any = None) -> Any:
@@ -83,9 +83,13 @@ def _route(x: Any, w: Any, b: Any = None) -> Any:
         return aten.linear.default.decompose(x, w, b)
     metrics.incr("fused_linear")
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
-        return _Linear.apply(x, w, b)
+        if _functorch_active():
+            return _Linear.apply(x, w, b)
+        return _APPLY(x, w, b)  # NOTE: torch's C entry, without Function.apply's Python (functorch's wrappers)
     with torch._C._AutoDispatchBelowAutograd():
         return LINEAR(x, w, b)
 
 
+_APPLY = super(torch.autograd.Function, _Linear).apply  # what Function.apply calls without functorch
+_functorch_active = torch._C._are_functorch_transforms_active
 _LIB.impl("linear", _route, "AutogradPrivateUse1")
