@@ -88,10 +88,14 @@ class ActivationTable:
             if len(self._positions) >= self.CACHED:
                 self._positions.clear()
             self._positions[plan.struct] = pairs
-        order, shardings = plan.order, plan.shardings
-        for pos, sh in pairs:
-            order[pos].sharding = sh
-            shardings[pos] = sh
+        if plan.filled:
+            order, shardings = plan.order, plan.shardings
+            for pos, sh in pairs:
+                order[pos].sharding = sh
+                shardings[pos] = sh
+        else:  # a repeated step's plan: its lists, if ever filled, read the nodes' shardings
+            for pos, sh in pairs:
+                plan.node_at(pos).sharding = sh
         self.applied = len(pairs)
         return plan._replace(struct=(plan.struct, self.token))
 

@@ -66,21 +66,31 @@ class Plan:
     cached runs without them.
     """
 
-    __slots__ = ("struct", "leaves", "outs", "_order", "_fns", "_wiring", "_shardings", "_fill")
+    __slots__ = ("struct", "leaves", "outs", "_order", "_fns", "_wiring", "_shardings", "_fill", "_at")
     _FIELDS = ("struct", "order", "leaves", "fns", "wiring", "shardings", "outs")
 
     def __init__(self, struct: tuple, order: list[Node] | None, leaves: list[Node], fns: list | None,
                  wiring: list[tuple] | None, shardings: list[Any] | None, outs: list[int],
-                 fill: Callable[[], tuple[list, list, list, list]] | None = None) -> None:
+                 fill: Callable[[], tuple[list, list, list, list]] | None = None,
+                 at: Callable[[int], Node] | None = None) -> None:
         self.struct = struct  # node hashes, wiring and shardings: the program's cache identity
         self.leaves = leaves  # the program's arguments, in order
         self.outs = outs  # positions of the roots in ``order``
         self._order, self._fns, self._wiring, self._shardings = order, fns, wiring, shardings
-        self._fill = fill
+        self._fill, self._at = fill, at  # at(i): order[i], without filling
 
     def _filled(self) -> None:
         self._order, self._fns, self._wiring, self._shardings = self._fill()  # type: ignore[misc]
-        self._fill = None
+        self._fill = self._at = None
+
+    @property
+    def filled(self) -> bool:
+        """Whether the node lists exist (reading one fills them)."""
+        return self._fill is None
+
+    def node_at(self, i: int) -> Node:
+        """``order[i]``, without filling the lists."""
+        return self._order[i] if self._at is None else self._at(i)  # type: ignore[index]
 
     @property
     def order(self) -> list[Node]:
@@ -113,6 +123,9 @@ class Plan:
         unknown = set(changes) - set(self._FIELDS)
         if unknown:
             raise TypeError(f"Plan has no field(s) {sorted(unknown)}; fields: {self._FIELDS}")
+        if self._fill is not None and not changes.keys() & {"order", "fns", "wiring", "shardings"}:
+            return Plan(changes.get("struct", self.struct), None, changes.get("leaves", self.leaves), None, None, None,
+                        changes.get("outs", self.outs), self._fill, self._at)  # still unfilled
         return Plan(*[changes[f] if f in changes else getattr(self, f) for f in self._FIELDS])
 
 

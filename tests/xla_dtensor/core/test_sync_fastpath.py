@@ -120,3 +120,19 @@ def test_an_evicted_executable_drops_its_output_keys(monkeypatch):
     torch.testing.assert_close(a.cpu(), torch.full((3,), 2.0))
     torch.testing.assert_close(b.cpu(), torch.full((5,), 3.0))
     assert all(s.value.fn is None for s in live() if s in (a._storage, b._storage))
+
+
+def test_a_plan_left_unfilled_by_replace_and_node_at_still_equals_the_walk():
+    dev = xla_dtensor.device()
+    x = torch.ones(4, device=dev)
+    for _ in range(4):
+        out = (x * 3 - 1).cos()
+        roots = [value_of(out)]
+        got, want = plan_cache.plan(roots, executor.make_plan), executor.make_plan(roots)
+        xla_dtensor.sync()
+    assert not got.filled
+    assert [id(got.node_at(i)) for i in range(len(want.order))] == [id(n) for n in want.order]
+    other = got._replace(struct=(got.struct, "token"))
+    assert not other.filled and not got.filled and other.struct == (want.struct, "token")
+    assert [id(n) for n in other.order] == [id(n) for n in want.order] and other.filled
+    assert [id(n) for n in got.order] == [id(n) for n in want.order]
