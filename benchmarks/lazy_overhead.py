@@ -113,6 +113,10 @@ def _setup_sharded(row: str, opt_name: str) -> tuple[Any, Any, Any]:
     from benchmarks.spmd_step import place
     base, opt, (idx, tgt) = _setup(torch.device("cpu"), opt_name)
     model, xd, yd = place(row, base, idx, tgt)
+    if row == "auto":  # NOTE: the batch on the mesh once, as the Megatron row's: else AUTO's input hook moves
+        import xla_dtensor.spmd as xs  # the one-device batch onto the 8 devices at every step (a device_put)
+        for t in (xd, yd):
+            xs.mark_sharding(t, xs.Mesh(range(8), (2, 4), ("data", "model")), ("data", None))
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=0.01) if opt_name == "sgd" else torch.optim.AdamW(params, lr=1e-3)
     return model, opt, (xd, yd)
