@@ -75,7 +75,7 @@ def plan(roots: list[Node], walk: Callable[[list[Node]], Any]) -> Any:
             return order, list(map(_FN, order)), list(p.wiring), list(map(_SHARDING, order))
         # NOTE: the node lists only when read (a program not cached, a deferred constraint): 0.3-0.4 ms a GPT step
         return type(p)(p.struct, None, list(map(nodes.__getitem__, laid.leaves)), None, None, None, list(p.outs),
-                       fill, lambda i: nodes[laid.order[i]])
+                       fill, lambda i: nodes[laid.order[i]], laid)
     p = walk(roots)
     if len(_STRUCTS) >= 4 * LIMIT:
         _STRUCTS.clear()

@@ -5,6 +5,7 @@ to the per-item one; and training under them matches torch CPU, on one device an
 Megatron, FSDP, AUTO)."""
 from __future__ import annotations
 
+import jax
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,8 +30,8 @@ BATCHES = [(torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(s)),
 
 @pytest.fixture
 def spied(monkeypatch) -> list[int]:
-    """Every sync's output leaves checked against ``data_leaf`` and its layout against a fresh
-    ``arg_order``; yields the number of syncs whose leaves came from the cached keys."""
+    """Every sync's output leaves checked against ``data_leaf``, its donated leaves against the plain
+    rule and its layout against a fresh ``arg_order``; yields the number of syncs whose leaves came from the cached keys."""
     cached: list[int] = []
     real_out, real_layout = executor.out_leaves, executor.layout
 
@@ -51,6 +52,15 @@ def spied(monkeypatch) -> list[int]:
             assert list(got[1]) == fresh
             assert got[2] == tuple(range(len(fresh) - len(got[2]), len(fresh)))
         return got
+    real_donated = executor._donated
+
+    def donated(plan, held):
+        got = real_donated(plan, held)
+        want = [i for i, n in enumerate(plan.leaves)  # device arrays of rank > 0 no live storage holds
+                if n.op == ir.DATA and n.key[1] != () and id(n) not in held and isinstance(n.data, jax.Array)]
+        assert got == want
+        return got
+    monkeypatch.setattr(executor, "_donated", donated)
     monkeypatch.setattr(executor, "out_leaves", out_leaves)
     monkeypatch.setattr(executor, "layout", layout)
     return cached
