@@ -208,3 +208,32 @@ def test_equal_step_counters_are_one_program_value(dev):
     steps[1].add_(5)
     xla_dtensor.sync()
     assert [s.item() for s in steps] == [3.0, 8.0, 3.0, 3.0]
+
+
+@pytest.mark.parametrize("alike", [True, False])
+def test_foreach_add_over_counters_holding_one_value_records_one_item(dev, alike):
+    """``_foreach_add_`` over 0-d tensors holding one value records one item (an op node and its one
+    output) and writes it to all; other lists (different values, a matrix among them) record every
+    item. Values against torch CPU's, and a later write to one counter changes that one alone."""
+    from xla_dtensor.core.tensor import rebind, value_of
+    cpu = [torch.tensor(3.0) for _ in range(6)] if alike else [torch.tensor(float(i)) for i in range(6)]
+    lazy = [t.to(dev) for t in cpu]
+    if alike:  # one value, as torch's optimizer makes its counters
+        xla_dtensor.sync()
+        for t in lazy[1:]:
+            rebind(t, value_of(lazy[0]))
+    before = xla_dtensor.metrics.snapshot()
+    torch._foreach_add_(lazy, 1)
+    recorded = xla_dtensor.metrics.diff(before)["ops_recorded"]
+    torch._foreach_add_(cpu, 1)
+    assert recorded == (2 if alike else 7)
+    assert (len({id(value_of(t)) for t in lazy}) == 1) is alike
+    assert [t.item() for t in lazy] == [t.item() for t in cpu]
+    lazy[2].add_(5)
+    cpu[2].add_(5)
+    mixed = lazy[:3] + [torch.ones(2, device=dev)]
+    torch._foreach_add_(mixed, 2)  # not all 0-d: every item recorded
+    torch._foreach_add_(cpu[:3], 2)
+    xla_dtensor.sync()
+    assert [t.item() for t in lazy] == [t.item() for t in cpu]
+    assert mixed[3].cpu().tolist() == [3.0, 3.0]
