@@ -59,6 +59,15 @@ class Struct(tuple):
         return h
 
 
+def _filled(slot: str, doc: str) -> property:
+    """A :class:`Plan` list read from ``slot``, the plan's lists filled first if they are not yet."""
+    def get(plan: Plan) -> list:
+        if plan._fill is not None:
+            plan._filled()
+        return getattr(plan, slot)
+    return property(get, doc=doc)
+
+
 class Plan:
     """A pending graph laid out for lowering, from one topological walk of its roots.
 
@@ -94,31 +103,10 @@ class Plan:
         """``order[i]``, without filling the lists."""
         return self._order[i] if self._at is None else self._at(i)  # type: ignore[index]
 
-    @property
-    def order(self) -> list[Node]:
-        """Every node, inputs before users."""
-        if self._fill is not None:
-            self._filled()
-        return self._order  # type: ignore[return-value]
-
-    @property
-    def fns(self) -> list[Callable[..., Any] | None]:
-        if self._fill is not None:
-            self._filled()
-        return self._fns  # type: ignore[return-value]
-
-    @property
-    def wiring(self) -> list[tuple]:
-        if self._fill is not None:
-            self._filled()
-        return self._wiring  # type: ignore[return-value]
-
-    @property
-    def shardings(self) -> list[Any]:
-        """Per node, the constraint to apply (None: none)."""
-        if self._fill is not None:
-            self._filled()
-        return self._shardings  # type: ignore[return-value]
+    order = _filled("_order", "Every node, inputs before users.")
+    fns = _filled("_fns", "Per node, its function (None: a leaf).")
+    wiring = _filled("_wiring", "Per node, the positions of its inputs in ``order``.")
+    shardings = _filled("_shardings", "Per node, the constraint to apply (None: none).")
 
     def _replace(self, **changes: Any) -> Plan:
         """A copy with ``changes`` (fields by name, as a NamedTuple's)."""
