@@ -59,7 +59,7 @@ class Struct(tuple):
         return h
 
 
-def _filled(slot: str, doc: str) -> property:
+def _lazy_list(slot: str, doc: str) -> property:
     """A :class:`Plan` list read from ``slot``, the plan's lists filled first if they are not yet."""
     def get(plan: Plan) -> list:
         if plan._fill is not None:
@@ -103,10 +103,10 @@ class Plan:
         """``order[i]``, without filling the lists."""
         return self._order[i] if self._at is None else self._at(i)  # type: ignore[index]
 
-    order = _filled("_order", "Every node, inputs before users.")
-    fns = _filled("_fns", "Per node, its function (None: a leaf).")
-    wiring = _filled("_wiring", "Per node, the positions of its inputs in ``order``.")
-    shardings = _filled("_shardings", "Per node, the constraint to apply (None: none).")
+    order = _lazy_list("_order", "Every node, inputs before users.")
+    fns = _lazy_list("_fns", "Per node, its function (None: a leaf).")
+    wiring = _lazy_list("_wiring", "Per node, the positions of its inputs in ``order``.")
+    shardings = _lazy_list("_shardings", "Per node, the constraint to apply (None: none).")
 
     def _replace(self, **changes: Any) -> Plan:
         """A copy with ``changes`` (fields by name, as a NamedTuple's)."""
