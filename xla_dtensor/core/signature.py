@@ -9,6 +9,7 @@ and appears as itself. Shape inference is cached per (op, signature).
 from __future__ import annotations
 
 import operator
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -26,12 +27,15 @@ _PTYPE = {float: ("P", float), int: ("P", int), complex: ("P", complex)}
 class OpInfo:
     """What the dispatcher needs to know about an aten overload's schema."""
 
-    __slots__ = ("scalar_pos", "scalar_kw", "view", "mutated", "out_kw", "returns_alias", "n_returns")
+    __slots__ = ("scalar_pos", "scalar_kw", "view", "mutated", "out_kw", "returns_alias", "n_returns", "scalar_flags",
+                 "no_flags")
 
     def __init__(self, op: Any) -> None:
         schema = op._schema
         args = schema.arguments
         self.scalar_pos = frozenset(i for i, a in enumerate(args) if not a.kwarg_only and str(a.type) in _SCALAR_TYPES)
+        self.scalar_flags = tuple(i in self.scalar_pos for i in range(len(args)))  # per position: a value scalar?
+        self.no_flags = (False,) * len(args)
         traced = traced_float_names(op)  # float hyperparameters its lowering takes traced (fused optimizers)
         self.scalar_kw = frozenset(a.name for a in args if a.kwarg_only and (
             str(a.type) in _SCALAR_TYPES or (a.name in traced and str(a.type) == "float")))
@@ -108,8 +112,11 @@ def _arg(a: Any, scal: bool, dyn: list[Node]) -> Any:
 
 def signature(args: tuple, kwargs: dict, info: OpInfo, scalars: bool, dyn: list[Node]) -> tuple:
     """The call's signature; appends the graph inputs (tensor values, parameters) to ``dyn``."""
-    sp = info.scalar_pos if scalars else ()
-    key = tuple([_arg(a, i in sp, dyn) for i, a in enumerate(args)])
+    # NOTE: a map, not a comprehension (a function frame per op in Python 3.11)
+    flags = info.scalar_flags if scalars else info.no_flags
+    if len(args) > len(flags):  # (more than the schema has: a caller's mistake, torch's error at inference)
+        flags = flags + (False,) * (len(args) - len(flags))
+    key = tuple(map(_arg, args, flags, repeat(dyn)))
     if kwargs:
         sk = info.scalar_kw if scalars else ()
         key += tuple([(k, _arg(v, k in sk, dyn)) for k, v in kwargs.items()])
