@@ -33,6 +33,10 @@ _LOCK, _enter, _me = _threads.LOCK, _threads.enter, _threads.me
 
 
 _deref = weakref.ref.__call__
+# NOTE: WeakSet.add first commits the removals queued while the set was being iterated; an iteration
+# commits them itself when it ends, and none is under way when an op runs (iterations run to the end
+# under the core's lock), so new_tensor adds the weak reference to the set's own data directly.
+_ref, _LIVE_ADD, _LIVE_REMOVE = weakref.ref, LIVE.data.add, LIVE._remove
 
 
 def live() -> list[Storage]:
@@ -222,7 +226,7 @@ def new_tensor(meta: tuple, value: Node) -> LazyTensor:
     shape, dtype, stride = meta
     t = _new(OUT.cls or LazyTensor, shape, strides=stride, dtype=dtype, device=_DEVICE)
     s = Storage(value, meta)
-    LIVE.add(s)
+    _LIVE_ADD(_ref(s, _LIVE_REMOVE))  # LIVE.add(s) without its Python frame (its pending removals: see _LIVE_ADD)
     t._storage, t._chain, t._meta = s, (), meta
     return t
 
