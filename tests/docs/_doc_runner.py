@@ -1,10 +1,12 @@
 """Child process of tests/docs/test_docs.py: run the doc blocks, print one JSON line per block.
 
-``python tests/docs/_doc_runner.py fast|slow RESULTS.jsonl`` runs every page in order in one
-interpreter; the blocks of a page share one namespace, as if pasted into one Python
+``python tests/docs/_doc_runner.py fast|slow RESULTS.jsonl [ONLY [CLAIMS]]`` runs every page in
+order in one interpreter; the blocks of a page share one namespace, as if pasted into one Python
 session. ``fast`` leaves out slow and skipped blocks; ``slow`` runs the pages that have
 slow blocks (every block of such a page, to rebuild its session) and reports only the
-slow ones. Each result: ``{"id", "status": pass|fail|skip, "detail", "seconds"}``.
+slow ones. ``ONLY``: only the pages whose path contains it. ``CLAIMS``: a folder shared by
+runners started at once: each page runs in the runner that claims it first (a file per page,
+created exclusively), so they split the pages. Each result: ``{"id", "status": pass|fail|skip, "detail", "seconds"}``.
 """
 from __future__ import annotations
 
@@ -173,7 +175,16 @@ def _as_python_at_the_root() -> None:
         module.install()
 
 
-def main(tier: str, results: str, only: str = "") -> None:
+def _claim(claims: str, page: str) -> bool:
+    """Whether this runner takes ``page``: it creates the page's claim file first."""
+    try:
+        os.close(os.open(os.path.join(claims, page.replace("/", "__")), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def main(tier: str, results: str, only: str = "", claims: str = "") -> None:
     if os.environ.get(_NESTED):
         raise SystemExit("the doc runner was started from a doc block; refusing to recurse")
     _as_python_at_the_root()
@@ -186,6 +197,8 @@ def main(tier: str, results: str, only: str = "") -> None:
     sink = open(results, "w")  # noqa: SIM115 - one line per block, flushed as it goes
     for page, blocks in by_page.items():
         if (tier == "slow" and not any(b.mark == "slow" for b in blocks)) or only not in page:
+            continue
+        if claims and not _claim(claims, page):
             continue
         ns: dict = {"__name__": "__docs__"}
         for b in blocks:
@@ -200,4 +213,4 @@ def main(tier: str, results: str, only: str = "") -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

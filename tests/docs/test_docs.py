@@ -1,8 +1,8 @@
 """Every code block of README.md and docs/*.md runs and shows what it prints (issue 25).
 
 How blocks are run and marked is documented in docs/README.md. The fast blocks run in
-one child interpreter (pages in order, one namespace per page); blocks marked
-``<!-- docs-test: slow -->`` run in a second one, only with ``-m slow``
+two child interpreters at once that split the pages (each page in one of them, one namespace
+per page); blocks marked ``<!-- docs-test: slow -->`` run likewise, only with ``-m slow``
 (``python3 dev.py test -m slow tests/docs``). The child runs blocks as if pasted into
 ``python`` started in the repository root.
 """
@@ -25,12 +25,26 @@ RUN = [b for b in BLOCKS if b.kind not in ("text", "unlabelled") and b.mark != "
 KNOWN_MARKS = {"", "slow", "skip"}
 
 
+RUNNERS = 2  # child runners sharing the pages (a 2-core machine: about half the wall time of one)
+
+
 def _run(tier: str, tmp: Path) -> tuple[dict[str, dict], str]:
-    results = tmp / f"{tier}.jsonl"
-    proc = subprocess.run([sys.executable, str(HERE / "_doc_runner.py"), tier, str(results)], cwd=ROOT,
-                          env=user_env(tmp), capture_output=True, text=True, timeout=1200)
-    rows = results.read_text().splitlines() if results.exists() else []
-    return {r["id"]: r for r in map(json.loads, rows)}, proc.stderr[-4000:]
+    """Run the tier's pages in :data:`RUNNERS` children at once, each page in the one that claims it."""
+    claims = tmp / "claims"
+    claims.mkdir()
+    env = user_env(tmp)
+    results = [tmp / f"{tier}-{i}.jsonl" for i in range(RUNNERS)]
+    procs = [subprocess.Popen([sys.executable, str(HERE / "_doc_runner.py"), tier, str(r), "", str(claims)],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in results]
+    stderr = []
+    for proc in procs:
+        try:
+            stderr.append(proc.communicate(timeout=1200)[1][-4000:])
+        finally:
+            proc.kill()
+    rows = [row for r in results if r.exists() for row in r.read_text().splitlines()]
+    return {r["id"]: r for r in map(json.loads, rows)}, "\n".join(stderr)
 
 
 @pytest.fixture(scope="module")

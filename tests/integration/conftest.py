@@ -61,10 +61,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _release_executables_per_case():
+def _release_executables_per_case(request: pytest.FixtureRequest):
     """Each matrix case builds and compiles its own model: its programs go when it ends (the
-    80 cases of one module would otherwise pass the kernel's memory-map limit; see tests/conftest.py)."""
+    80 cases of one module would otherwise pass the kernel's memory-map limit; see tests/conftest.py).
+    A case the matrix worker process trained compiled nothing here."""
     yield
+    if getattr(request.node, "trained_elsewhere", False):
+        return
     from tests.conftest import release_executables
     release_executables()
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._parallel import Results, selected
+
 ROOT = Path(__file__).resolve().parents[3]
 
 # Shared tail of every case: a 2-layer MLP's gradients on the jax device, sharded
@@ -114,9 +116,15 @@ def _run(prelude: str) -> str:
     return proc.stdout
 
 
+@pytest.fixture(scope="module")
+def outputs(request) -> Results:
+    """Each selected case's fresh process, two at a time (on a 2-core machine: half the wall time)."""
+    return Results(lambda case: _run(_CASES[case]), selected(request, "case"))
+
+
 @pytest.mark.parametrize("case", sorted(_CASES))
-def test_backward_on_device_after(case):
-    out = _run(_CASES[case])
+def test_backward_on_device_after(case, outputs):
+    out = outputs[case]
     assert "MAIN OK" in out and "THREAD OK" in out and "THREAD2 OK" in out, out
     warned = "AutogradEngineWarning" in out.split("WARNINGS", 1)[1].splitlines()[0]
     # the warning appears exactly when a backward ran before the import

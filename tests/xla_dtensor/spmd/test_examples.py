@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from tests._fresh_clone import ROOT, SHIPPED, user_env as _user_env
+from tests._parallel import Results, selected
 
 EXAMPLES = sorted(p.name for p in (ROOT / "docs" / "examples").glob("*.py") if p.name != "multiprocess_hybrid.py")
 
@@ -31,9 +32,18 @@ def test_docs_say_how_to_run_the_examples():
     assert ".venv/bin/python docs/examples/" in (ROOT / "docs" / "spmd.md").read_text()
 
 
+@pytest.fixture(scope="module")
+def example_runs(request, user_env) -> Results:
+    """Every example this session selected, each in its own fresh process, two at a time (they are
+    independent; on a 2-core machine this halves their wall time), the slowest first."""
+    def run(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, f"docs/examples/{name}"], cwd=ROOT, env=user_env,
+                              capture_output=True, text=True, timeout=300)
+    return Results(run, sorted(selected(request, "name"), key=lambda n: n != "auto_sharding.py"))  # ~3x the others
+
+
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_example_runs_as_documented(name, user_env):
-    proc = subprocess.run([sys.executable, f"docs/examples/{name}"], cwd=ROOT, env=user_env,
-                          capture_output=True, text=True, timeout=300)
+def test_example_runs_as_documented(name, example_runs):
+    proc = example_runs[name]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1].startswith("ok"), proc.stdout[-2000:]  # checked itself

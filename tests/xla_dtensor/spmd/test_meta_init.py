@@ -27,6 +27,8 @@ from benchmarks.models.zoo import ZOO
 from mesh import Mesh
 from xla_dtensor.spmd.errors import MetaParameterError
 
+from tests._parallel import Results
+
 STEPS = 3
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -125,15 +127,21 @@ def test_meta_layout_to_empty_load_trains_like_cpu(reference, name: str, mode: s
                                                    if k.startswith("input:"))
 
 
-def _memory(init: str) -> dict:
+def _memory(*inits: str) -> list[dict]:
+    """One fresh process per init, two at a time (each measures its own peak RSS, so running them side
+    by side changes no result; on 2 cores it halves the wall time)."""
     # NOTE: with XLA's default backend optimization, as users run (tests/conftest.py turns it off to
     # compile faster; the init program is fused either way: reset measured 1.08x at -O0 too)
     flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_backend_optimization_level" not in f)
     env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=flags)
-    out = subprocess.run([sys.executable, str(Path(__file__).with_name("_meta_memory.py")), init],
-                         capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def measure(init: str) -> dict:
+        out = subprocess.run([sys.executable, str(Path(__file__).with_name("_meta_memory.py")), init],
+                             capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    results = Results(measure, inits)
+    return [results[init] for init in inits]
 
 
 def test_to_empty_and_init_stay_within_the_shards_in_host_memory() -> None:
@@ -144,16 +152,13 @@ def test_to_empty_and_init_stay_within_the_shards_in_host_memory() -> None:
     Controls, so the bound can fail: the same measurement with the random init drawn through
     ``jax.random.uniform`` (CPU threefry as a rolled loop: unfused uint32 temporaries, the cause
     of the former 3x) and with a whole-model CPU state dict loaded exceed it (2.48x, 1.50x)."""
-    fill = _memory("fill")
+    fill, reset, rolled, host = _memory("fill", "reset", "reset_jax_random", "host")
     assert fill["grown"] < 1.3 * fill["param_bytes"], fill
-    reset = _memory("reset")
     assert reset["grown"] < 1.3 * reset["param_bytes"], reset
     # random init is distributed right: uniform(-b, b) has std b/sqrt(3), every shard its own values
     assert abs(reset["std"] - reset["bound"] / 3 ** 0.5) < 0.05 * reset["std"], reset
     assert reset["distinct_shards"] == 8, reset
-    rolled = _memory("reset_jax_random")
     assert rolled["grown"] > 1.3 * rolled["param_bytes"], rolled
-    host = _memory("host")
     assert host["grown"] > 1.3 * host["param_bytes"], host
 
 
