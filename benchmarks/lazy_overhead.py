@@ -7,10 +7,13 @@ medians of 10 steps:
 
 * ``torch``: torch eager on its CPU kernels (forward, backward, optimizer step).
 * ``lazy``: the same model on the ``jax`` device, ``xla_dtensor.sync()`` after each step
-  (cache hits after the warm-up). Host time is the calling thread's CPU time
-  (``time.thread_time``) per step, also divided by the ops recorded per step
-  (``metrics ops_recorded``); the parts of a step (forward, backward wall, optimizer,
-  sync) for both cases. Overlap: the back-to-back step wall time next to the host
+  (cache hits after the warm-up). Host time is the CPU time of the threads that record
+  (:func:`_host_clock`): the calling thread (``time.thread_time``), which runs the backward
+  too (``config.backward_on_caller``, the default), per step, also divided by the ops
+  recorded per step (``metrics ops_recorded``); the parts of a step (forward, backward,
+  optimizer, sync) for both cases.
+* ``lazy_engine``: the lazy case with ``config.backward_on_caller = False``: torch runs the
+  backward on its autograd device thread, whose CPU time is added to the calling thread's. Overlap: the back-to-back step wall time next to the host
   wall time (until ``sync()`` returns) plus the device time (the same step with a
   ``wait()`` after ``sync()``: the wait's wall time).
 * ``lazy_tp`` / ``lazy_auto``: the lazy case on 8 devices, 2x4 Megatron (``mark_sharding`` on
@@ -21,7 +24,7 @@ medians of 10 steps:
   hashing, output tensors, autograd and modules (everything outside our dispatch), the
   sync walk, ...). The profiler inflates Python-heavy parts; the shares are what matter.
 
-The torch and lazy cases run in turn ``--rounds`` times (3): the table gives the median
+The torch, lazy and lazy_engine cases run in turn ``--rounds`` times (3): the table gives the median
 round of each and the median of the rounds' ratios (the machine's speed drifts over minutes).
 
 Usage: PYTHONPATH=. python benchmarks/lazy_overhead.py [--opt adamw|sgd] [--label after]
@@ -38,9 +41,10 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 RESULTS = Path(__file__).resolve().parent / "results"
 N_LAYER, N_EMBD, N_HEAD, SEQ, BATCH, VOCAB = 12, 64, 4, 32, 2, 64
@@ -68,24 +72,41 @@ def _step(model: Any, opt: Any, batch: tuple) -> Any:
     return loss
 
 
-def _phases(model: Any, opt: Any, batch: tuple, steps: int, sync: Any = None) -> dict:
-    """Medians (ms) of each part of a step: the calling thread's CPU time of the forward, the
-    optimizer step (with ``zero_grad``) and ``sync``; the backward's wall time (for the ``jax``
-    device torch runs it on its autograd engine thread, whose CPU time the calling thread's omits)."""
-    parts: dict[str, list[float]] = {"forward": [], "backward wall": [], "optimizer": [], "sync": []}
+def _host_clock(model: Any, opt: Any, batch: tuple, sync: Callable[[], None]) -> Callable[[], float]:
+    """A clock of the CPU seconds of every thread that records, found by running one step: the
+    calling thread's, plus torch's autograd device thread's when the backward ran there (the
+    ``jax`` device with ``config.backward_on_caller = False``)."""
+    seen: list[int] = []
+    loss = model(*batch)
+    loss.grad_fn.register_prehook(lambda grads: seen.append(threading.get_ident()))
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    sync()
+    if seen[0] == threading.get_ident():
+        return time.thread_time
+    engine = time.pthread_getcpuclockid(seen[0])  # torch keeps that thread for the process's life
+    return lambda: time.thread_time() + time.clock_gettime(engine)
+
+
+def _phases(model: Any, opt: Any, batch: tuple, steps: int, sync: Any = None,
+            clock: Callable[[], float] = time.thread_time) -> dict:
+    """Medians (ms) of each part of a step: the recording threads' CPU time (``clock``) of the
+    forward, the backward, the optimizer step (with ``zero_grad``) and ``sync``."""
+    parts: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": [], "sync": []}
     for _ in range(steps):
-        c0 = time.thread_time()
+        c0 = clock()
         loss = model(*batch)
-        c1, w1 = time.thread_time(), time.perf_counter()
+        c1 = clock()
         loss.backward()
-        w2, c2 = time.perf_counter(), time.thread_time()
+        c2 = clock()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        c3 = time.thread_time()
+        c3 = clock()
         if sync is not None:
             sync()
-        c4 = time.thread_time()
-        for k, v in zip(parts, (c1 - c0, w2 - w1, c3 - c2, c4 - c3)):
+        c4 = clock()
+        for k, v in zip(parts, (c1 - c0, c2 - c1, c3 - c2, c4 - c3)):
             parts[k].append(1e3 * v)
     return {k: statistics.median(v) for k, v in parts.items()}
 
@@ -122,20 +143,22 @@ def _setup_sharded(row: str, opt_name: str) -> tuple[Any, Any, Any]:
     return model, opt, (xd, yd)
 
 
-def case_lazy(args: argparse.Namespace, layout: str = "one") -> dict:
+def case_lazy(args: argparse.Namespace, layout: str = "one", backward_on_caller: bool = True) -> dict:
     import torch
     torch.set_num_threads(1)
     import xla_dtensor
     from xla_dtensor import metrics
+    xla_dtensor.config.backward_on_caller = backward_on_caller  # before the thread's first op
     dev = xla_dtensor.device()
     model, opt, batch = _setup(dev, args.opt) if layout == "one" else _setup_sharded(layout, args.opt)
+    clock = _host_clock(model, opt, batch, xla_dtensor.sync)
     cpu, host_wall, ops = [], [], []
     for i in range(3 + args.steps):  # back to back: each sync() returns before its program ends
         m0 = metrics.counters()["ops_recorded"]
-        w0, c0 = time.perf_counter(), time.thread_time()
+        w0, c0 = time.perf_counter(), clock()
         _step(model, opt, batch)
         xla_dtensor.sync()
-        c1, w1 = time.thread_time(), time.perf_counter()
+        c1, w1 = clock(), time.perf_counter()
         if i >= 3:
             cpu.append(c1 - c0)
             host_wall.append(w1 - w0)
@@ -157,9 +180,9 @@ def case_lazy(args: argparse.Namespace, layout: str = "one") -> dict:
         w2 = time.perf_counter()
         waited_host.append(w1 - w0)
         device.append(w2 - w1)
-    phases = _phases(model, opt, batch, args.steps, xla_dtensor.sync)
+    phases = _phases(model, opt, batch, args.steps, xla_dtensor.sync, clock)
     compiles, reused = metrics.counters()["compiles"], metrics.counters()["plans_reused"]
-    return {"plans_reused": reused, "syncs": 4 * args.steps + 3, "phases": phases,
+    return {"plans_reused": reused, "syncs": 4 * args.steps + 4, "phases": phases,
             "cpu_ms": 1e3 * statistics.median(cpu), "host_wall_ms": 1e3 * statistics.median(host_wall),
             "ops": statistics.median(ops), "us_per_op": 1e6 * statistics.median(cpu) / statistics.median(ops),
             "step_wall_ms": 1e3 * back_to_back, "waited_host_ms": 1e3 * statistics.median(waited_host),
@@ -235,7 +258,8 @@ def case_profile(args: argparse.Namespace) -> dict:
 
 
 CASES = {"torch": case_torch, "lazy": case_lazy, "profile": case_profile,
-         "lazy_tp": lambda a: case_lazy(a, "tp"), "lazy_auto": lambda a: case_lazy(a, "auto")}
+         "lazy_tp": lambda a: case_lazy(a, "tp"), "lazy_auto": lambda a: case_lazy(a, "auto"),
+         "lazy_engine": lambda a: case_lazy(a, backward_on_caller=False)}
 
 
 def _run_case(name: str, args: argparse.Namespace) -> dict:
@@ -244,23 +268,26 @@ def _run_case(name: str, args: argparse.Namespace) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def _alternated(args: argparse.Namespace) -> tuple[dict, dict]:
-    """The torch and lazy cases run in turn ``--rounds`` times (one process each); each one's
-    round closest to its median host time, with the ratio's median over rounds.
+def _alternated(args: argparse.Namespace) -> tuple[dict, dict, dict]:
+    """The torch, lazy and lazy_engine cases run in turn ``--rounds`` times (one process each); each
+    one's round closest to its median host time, with the ratios' medians over rounds.
 
     NOTE: the shared machine's speed drifts over minutes (one step's time varies 1.5x between
     runs of the same code): a ratio taken from two runs minutes apart says more about the
     drift than about the code, one from adjacent runs less.
     """
-    rounds = [(_run_case("torch", args), _run_case("lazy", args)) for _ in range(args.rounds)]
+    rounds = [tuple(_run_case(c, args) for c in ("torch", "lazy", "lazy_engine")) for _ in range(args.rounds)]
     pick = lambda xs: sorted(xs, key=lambda r: r["cpu_ms"])[len(xs) // 2]  # noqa: E731
-    t, lz = pick([r[0] for r in rounds]), pick([r[1] for r in rounds])
+    t, lz, eng = (pick([r[i] for r in rounds]) for i in range(3))
     lz = {**lz, "ratios": [r[1]["cpu_ms"] / r[0]["cpu_ms"] for r in rounds],
           "wall_ratios": [r[1]["host_wall_ms"] / r[0]["wall_ms"] for r in rounds]}
-    return t, lz
+    eng = {**eng, "ratios": [r[2]["cpu_ms"] / r[0]["cpu_ms"] for r in rounds],
+           "wall_ratios": [r[2]["host_wall_ms"] / r[0]["wall_ms"] for r in rounds],
+           "vs_caller": [r[2]["cpu_ms"] / r[1]["cpu_ms"] for r in rounds]}
+    return t, lz, eng
 
 
-def _table(label: str, opt: str, t: dict, lz: dict, pr: dict, sharded: dict) -> str:
+def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, pr: dict, sharded: dict) -> str:
     lines = [f"## {label} ({opt})", "", "```"]
     lines.append(f"{'case':<38}{'value':>10}")
     rows = [
@@ -279,6 +306,10 @@ def _table(label: str, opt: str, t: dict, lz: dict, pr: dict, sharded: dict) -> 
         ("compiles (whole run)", lz["compiles"]),
         ("syncs with a reused plan (whole run)", lz.get("plans_reused", 0)),
         ("syncs (whole run)", lz.get("syncs", 0)),
+        ("backward on autograd thread: CPU ms", eng["cpu_ms"]),
+        ("  its / torch eager", statistics.median(eng["ratios"])),
+        ("  its / backward on caller", statistics.median(eng["vs_caller"])),
+        ("  its host wall / torch eager wall", statistics.median(eng["wall_ratios"])),
     ]
     for name, sh in sharded.items():
         rows += [(f"{name}: host CPU ms / step", sh["cpu_ms"]), (f"{name} / one device", sh["cpu_ms"] / lz["cpu_ms"]),
@@ -288,9 +319,9 @@ def _table(label: str, opt: str, t: dict, lz: dict, pr: dict, sharded: dict) -> 
     lines.append(f"lazy / torch eager per round: {', '.join(f'{r:.2f}' for r in lz['ratios'])} "
                  "(torch, then lazy, in turn; the table: the median round of each, the ratios' median)")
     lines.append("")
-    lines.append("parts of a step, ms (CPU of the calling thread; the backward: wall time):")
+    lines.append("parts of a step, ms (CPU time of the threads that record):")
     lines.append(f"  {'':<22}" + "".join(f"{k:>15}" for k in lz["phases"]))
-    for who, res in (("torch eager", t), ("lazy", lz)):
+    for who, res in (("torch eager", t), ("lazy", lz), ("lazy, autograd thread", eng)):
         lines.append(f"  {who:<22}" + "".join(f"{res['phases'].get(k, 0.0):>15.2f}" for k in lz["phases"]))
     lines.append("")
     lines.append(f"profile (cProfile, thread CPU time; {pr['total_ms']:.1f} ms/step under the profiler), us per op:")
@@ -312,7 +343,9 @@ def _save(label: str, section: str, summary: dict) -> None:
     js.write_text(json.dumps(data, indent=1, sort_keys=True))
     head = ("# lazy_overhead\n\nOutput of `PYTHONPATH=. python benchmarks/lazy_overhead.py --label LABEL` "
             "(12-layer width-64 GPT, sequence 32, batch 2; one process per case, one torch thread; medians of "
-            "10 steps after 3 warm-up; host time = the calling thread's CPU time). One section per label.\n\n")
+            "10 steps after 3 warm-up; host time = the CPU time of the threads that record. Before the seventh "
+            "session's sections: the calling thread's only, which left out the backward that torch ran on its "
+            "autograd thread). One section per label.\n\n")
     sections = dict(re.findall(r"(?ms)^<!-- (.+?) -->\n(.*?)(?=^<!-- |\Z)", md.read_text())) if md.exists() else {}
     sections[label] = section + "\n"
     md.write_text(head + "".join(f"<!-- {k} -->\n{v}" for k, v in sections.items()))
@@ -358,15 +391,15 @@ def main() -> None:
     if args.case:
         print(json.dumps(CASES[args.case](args)))
         return
-    t, lz = _alternated(args)
+    t, lz, eng = _alternated(args)
     pr = _run_case("profile", args)
     sharded = {"lazy 2x4 Megatron": _run_case("lazy_tp", args), "lazy AUTO 2x4": _run_case("lazy_auto", args)}
-    section = _table(args.label, args.opt, t, lz, pr, sharded)
+    section = _table(args.label, args.opt, t, lz, eng, pr, sharded)
     print(section)
     if not args.no_save:
         _save(f"{args.label} ({args.opt})", section, {"torch_ms": t["cpu_ms"], "lazy_cpu_ms": lz["cpu_ms"],
                                                       "us_per_op": lz["us_per_op"], "bins": pr["bins_us_per_op"],
-                                                      "lazy": lz, "torch": t, "sharded": sharded})
+                                                      "lazy": lz, "torch": t, "sharded": sharded, "lazy_engine": eng})
 
 
 if __name__ == "__main__":

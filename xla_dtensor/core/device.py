@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import warnings
 
 import torch
@@ -105,6 +106,17 @@ class _Stream:
 _STREAM = _Stream()
 
 
+class _DeviceGuard(torch._C._acc.DeviceGuard):
+    """torch's Python device guard for PrivateUse1, whose only Python method is ``type_``.
+
+    torch's autograd and dispatcher ask the guard its device type ~4 times per backward op
+    (2,480 times in a 12-layer GPT step). ``type_`` is a C-level callable here, not a Python
+    function (torch's default guard's), so each ask makes no Python frame.
+    """
+
+    type_ = itertools.repeat(torch._C._autograd.DeviceType.PrivateUse1).__next__
+
+
 def register() -> None:
     """Rename PrivateUse1 to ``jax`` once per process.
 
@@ -123,7 +135,7 @@ def register() -> None:
     setup = getattr(br, "_setup_privateuseone_for_python_backend", None)
     if setup is None:  # pragma: no cover - torch < 2.5
         raise DeviceRegistrationError(f"torch {torch.__version__} lacks the Python PrivateUse1 backend path")
-    setup(DEVICE_NAME, backend_module=_BackendModule())
+    setup(DEVICE_NAME, backend_module=_BackendModule(), device_guard=_DeviceGuard())
     _registered = True
     check_autograd_engine()
 

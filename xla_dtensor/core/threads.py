@@ -10,9 +10,11 @@ it, or wrote it in place), its *owner*. ``sync()`` executes the caller's pending
 storages, and those whose owner is gone (a finished thread) or unknown (``0``); other
 threads' pending graphs stay pending, and no buffer they read is donated.
 
-NOTE: torch's autograd engine runs ``backward()`` of device tensors on its own device
-thread, one for every Python thread, so "the calling thread" of a backward op is not
-the thread that called ``backward()``. Threads Python did not start (*borrowed*:
+NOTE: each Python thread's first op on the device switches its backward onto itself
+(``config.backward_on_caller``, torch's ``set_multithreading_enabled(False)``). Without
+that switch, or when a thread's first op is ``backward()`` itself, torch's autograd
+engine runs ``backward()`` of device tensors on its own device thread, so "the calling
+thread" of a backward op is not the thread that called ``backward()``. Threads Python did not start (*borrowed*:
 torch's autograd threads) never own anything: an op there belongs to the owner of its
 first lazy tensor argument (the forward's saved tensors and the incoming gradient
 belong to the thread that ran the forward), else to the owner of that thread's last op.
@@ -34,6 +36,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 
+from xla_dtensor.config import config as _config
 from xla_dtensor.core.ir import Node
 from xla_dtensor.core.state import STATE, install_for
 
@@ -63,7 +66,9 @@ def _learn() -> int:
     t.kind = _BORROWED if isinstance(threading.current_thread(), threading._DummyThread) else _USER
     if t.kind == _USER:
         STATE.modes.pop(t.ident, None)  # a finished thread's (Python reuses idents): a new thread starts lazy
-        if STATE.no_queue:  # a backward ran before the device existed: backward on this thread (core.device)
+        # backward on this thread: by choice (config.backward_on_caller), or because a backward ran before
+        # the device existed and the engine has no queue for it (core.device)
+        if STATE.no_queue or _config.backward_on_caller:
             torch._C._set_multithreading_enabled(False)
         if not STATE.first_thread:
             STATE.first_thread = t.ident

@@ -135,3 +135,15 @@ def test_clean_interpreter_exit():
             "l = m(torch.ones(3, 4, device=d)).sum(); l.backward(); xla_dtensor.sync(); print(l.item())")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_device_guard_answers_its_type_without_a_python_frame():
+    """torch asks the PrivateUse1 guard its type ~4 times per backward op: ours answers from C
+    (itertools), with torch's answer, where torch's default guard runs a Python method."""
+    import inspect
+    import sys
+
+    import torch.utils.backend_registration as br
+    guard = sys.modules["xla_dtensor.core.device"]._DeviceGuard()
+    assert guard.type_() == br._DummyDeviceGuard().type_() == torch._C._autograd.DeviceType.PrivateUse1
+    assert not inspect.isfunction(guard.type_) and not inspect.ismethod(guard.type_)
