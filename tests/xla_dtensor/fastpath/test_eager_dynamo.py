@@ -53,20 +53,26 @@ def test_compile_inside_eager_mode_compiles_the_whole_function(dev):
 
 
 def test_eager_mode_runs_backward_on_the_calling_thread_and_restores_the_setting(dev):
+    """Eager mode puts the backward on the calling thread and gives back the thread's own setting:
+    here a thread that opted back in to torch's autograd thread (``config.backward_on_caller``)."""
     import threading
     x = torch.randn(3, 4).to(dev).requires_grad_()
     threads: list[str] = []
     x.register_hook(lambda g: threads.append(threading.current_thread().name))
-    assert torch._C._is_multithreading_enabled()
-    xla_dtensor.eager_mode(True)
+    before = torch._C._is_multithreading_enabled()
+    torch.autograd.set_multithreading_enabled(True)
     try:
-        xla_dtensor.eager_mode(True)  # twice on: still restores the setting from before the first
-        assert not torch._C._is_multithreading_enabled()
+        xla_dtensor.eager_mode(True)
+        try:
+            xla_dtensor.eager_mode(True)  # twice on: still restores the setting from before the first
+            assert not torch._C._is_multithreading_enabled()
+            (x * 2).sum().backward()
+        finally:
+            xla_dtensor.eager_mode(False)
+        assert torch._C._is_multithreading_enabled()
         (x * 2).sum().backward()
     finally:
-        xla_dtensor.eager_mode(False)
-    assert torch._C._is_multithreading_enabled()
-    (x * 2).sum().backward()
+        torch._C._set_multithreading_enabled(before)
     assert threads[0] == threading.current_thread().name != threads[1]
     torch.testing.assert_close(x.grad.cpu(), torch.full((3, 4), 4.0))
 
