@@ -11,11 +11,11 @@ medians of 10 steps:
   (:func:`_host_clock`): the calling thread (``time.thread_time``), which runs the backward
   too (``config.backward_on_caller``, the default), per step, also divided by the ops
   recorded per step (``metrics ops_recorded``); the parts of a step (forward, backward,
-  optimizer, sync) for both cases.
-* ``lazy_engine``: the lazy case with ``config.backward_on_caller = False``: torch runs the
-  backward on its autograd device thread, whose CPU time is added to the calling thread's. Overlap: the back-to-back step wall time next to the host
-  wall time (until ``sync()`` returns) plus the device time (the same step with a
+  optimizer, sync) for both cases. Overlap: the back-to-back step wall time next to the
+  host wall time (until ``sync()`` returns) plus the device time (the same step with a
   ``wait()`` after ``sync()``: the wait's wall time).
+* ``lazy_engine``: the lazy case with ``config.backward_on_caller = False``: torch runs the
+  backward on its autograd device thread, whose CPU time is added to the calling thread's.
 * ``lazy_tp`` / ``lazy_auto``: the lazy case on 8 devices, 2x4 Megatron (``mark_sharding`` on
   the blocks' weights, batch split on ``data``) and ``partition_fn="AUTO"`` on the 2x4 mesh
   (``benchmarks/spmd_step.place``); their host time against one device's.

@@ -12,8 +12,10 @@ Example:
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -49,3 +51,13 @@ def selected(request: pytest.FixtureRequest, param: str) -> list[Any]:
         if getattr(item, "module", None) is request.module and param in params and params[param] not in out:
             out.append(params[param])
     return out
+
+
+def claim(folder: str | Path, name: str) -> bool:
+    """Whether the caller takes the item ``name`` from processes sharing ``folder``: it creates the
+    item's claim file there first (exclusively)."""
+    try:
+        os.close(os.open(os.path.join(folder, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True

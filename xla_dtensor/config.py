@@ -69,9 +69,9 @@ class Config:
             it (``True``, the default: torch's ``set_multithreading_enabled(False)``, set on
             each Python thread at its first op on the device) instead of torch's autograd
             device thread. Recording is Python under the GIL, so the extra thread bought
-            no parallelism: it cost ~15-30% more host CPU per 12-layer GPT step (the hand-off
-            and per-op owner lookups), and its CPU time was missing from the calling thread's
-            (``benchmarks/results/lazy_overhead.md``). Read at a thread's first op; a thread
+            no parallelism: it cost 6-20% more host CPU per 12-layer GPT step in two
+            benchmark runs (the hand-off and per-op owner lookups), and its CPU time was
+            missing from the calling thread's (``benchmarks/results/lazy_overhead.md``). Read at a thread's first op; a thread
             can still opt back in with ``torch.autograd.set_multithreading_enabled(True)``.
     """
 
@@ -98,7 +98,8 @@ class Config:
         if name in ("compile_check_every", "recompile_warn_limit") and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-        if name in ("fused_attention", "fused_linear", "fused_optimizers", "backward_on_caller") and not isinstance(value, bool):
+        if name in ("fused_attention", "fused_linear", "fused_optimizers", "backward_on_caller") and \
+                not isinstance(value, bool):
             raise ValueError(f"{name} must be True or False, got {value!r}")
         if name == "check_indices" and value not in (None, True, False):
             raise ValueError(f"check_indices must be True, False or None (eager mode only), got {value!r}")

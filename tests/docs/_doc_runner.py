@@ -175,19 +175,11 @@ def _as_python_at_the_root() -> None:
         module.install()
 
 
-def _claim(claims: str, page: str) -> bool:
-    """Whether this runner takes ``page``: it creates the page's claim file first."""
-    try:
-        os.close(os.open(os.path.join(claims, page.replace("/", "__")), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
-
-
 def main(tier: str, results: str, only: str = "", claims: str = "") -> None:
     if os.environ.get(_NESTED):
         raise SystemExit("the doc runner was started from a doc block; refusing to recurse")
     _as_python_at_the_root()
+    from tests._parallel import claim  # the root is on the path from here
     env = dict(os.environ, **{_NESTED: "1"})
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     by_page: dict[str, list[Block]] = {}
@@ -198,7 +190,7 @@ def main(tier: str, results: str, only: str = "", claims: str = "") -> None:
     for page, blocks in by_page.items():
         if (tier == "slow" and not any(b.mark == "slow" for b in blocks)) or only not in page:
             continue
-        if claims and not _claim(claims, page):
+        if claims and not claim(claims, page.replace("/", "__")):
             continue
         ns: dict = {"__name__": "__docs__"}
         for b in blocks:

@@ -12,25 +12,17 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import sys
 import traceback
 from pathlib import Path
+
+from tests._parallel import claim
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def key(name: str, mode: str) -> str:
     return f"{name}__{mode}"
-
-
-def claim(claims: Path, name: str, mode: str) -> bool:
-    """Whether the caller takes this cell: it creates the cell's claim file first."""
-    try:
-        os.close(os.open(claims / key(name, mode), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
 
 
 def main(claims: Path, results: Path, cells: list[list[str]], steps: int) -> None:
@@ -45,7 +37,7 @@ def main(claims: Path, results: Path, cells: list[list[str]], steps: int) -> Non
 
     refs: dict[str, list[float]] = {}
     for name, mode in reversed(cells):
-        if not claim(claims, name, mode):
+        if not claim(claims, key(name, mode)):
             return
         try:
             if name not in refs:

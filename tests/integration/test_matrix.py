@@ -30,7 +30,9 @@ import xla_dtensor  # noqa: F401  (the jax device registers before any CPU backw
 from benchmarks.models.zoo import ZOO, torchvision_unavailable
 from benchmarks.models.zoo_train import MODES, train, unsupported
 
-from ._matrix_worker import claim, key
+from tests._parallel import claim
+
+from ._matrix_worker import key
 
 STEPS = 3
 HERE = Path(__file__).resolve().parent
@@ -82,7 +84,7 @@ class _Worker:
 
     def outcome(self, name: str, mode: str) -> dict | None:
         """None: this process trains the cell; else the worker's outcome (waited for)."""
-        if claim(self.claims, name, mode):
+        if claim(self.claims, key(name, mode)):
             return None
         path, t0 = self.results / f"{key(name, mode)}.json", time.monotonic()
         while not path.exists():

@@ -14,8 +14,8 @@ NOTE: each Python thread's first op on the device switches its backward onto its
 (``config.backward_on_caller``, torch's ``set_multithreading_enabled(False)``). Without
 that switch, or when a thread's first op is ``backward()`` itself, torch's autograd
 engine runs ``backward()`` of device tensors on its own device thread, so "the calling
-thread" of a backward op is not the thread that called ``backward()``. Threads Python did not start (*borrowed*:
-torch's autograd threads) never own anything: an op there belongs to the owner of its
+thread" of a backward op is not the thread that called ``backward()``. Threads Python did
+not start (*borrowed*: torch's autograd threads) never own anything: an op there belongs to the owner of its
 first lazy tensor argument (the forward's saved tensors and the incoming gradient
 belong to the thread that ran the forward), else to the owner of that thread's last op.
 

@@ -9,7 +9,6 @@ first layer's weight (torch runs tensor hooks on the thread that runs the backwa
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import pytest
 import torch
@@ -17,6 +16,8 @@ import torch.nn.functional as F
 
 import xla_dtensor
 from tests._train import sharded_mlp, train
+
+from .test_threads import run_threads
 
 pytestmark = pytest.mark.filterwarnings("ignore::xla_dtensor.debug.analysis.RecompileWarning")
 
@@ -27,23 +28,6 @@ BATCHES = [(torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(s)),
 def _mlp() -> torch.nn.Sequential:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
-
-
-def _in_new_thread(fn: Any) -> Any:
-    """``fn()``'s result, run on a fresh Python thread (its error raised here)."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as err:  # noqa: BLE001 - raised again on the test's thread
-            out["error"] = err
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +55,7 @@ def test_backward_thread_follows_the_switch_and_trains_like_cpu(mode, on_caller,
             handle.remove()
         return threading.get_ident(), seen, torch._C._is_multithreading_enabled(), losses
 
-    me, seen, multithreaded, losses = _in_new_thread(job)
+    me, seen, multithreaded, losses = run_threads([lambda barrier: job()])[0]  # a fresh Python thread
     assert len(seen) == len(BATCHES)
     assert multithreaded is not on_caller
     if on_caller:
