@@ -29,7 +29,7 @@ COMMANDS = {
 
 def _fingerprint() -> str:
     digest = hashlib.sha256()
-    for name in ("pyproject.toml", "constraints-dev.txt"):
+    for name in ("pyproject.toml", "constraints-dev.txt", "setup.py", "xla_dtensor/core/_native.c"):
         digest.update((ROOT / name).read_bytes())
     return digest.hexdigest()
 

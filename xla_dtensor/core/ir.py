@@ -255,3 +255,20 @@ def topo_order(roots: list[Node]) -> list[Node]:
             else:
                 order.append(node)
     return order
+
+
+# The same node type and functions in C (core.native), chosen once at import.
+from xla_dtensor.core import native as _native  # noqa: E402
+
+if _native.ON:
+    _c = _native.MODULE
+    _c.configure_ir(globals(), STATE, metrics._COUNTS)
+    Node = _c.Node  # type: ignore[misc]  # noqa: F811
+    make_node = _c.make_node  # noqa: F811
+    param_leaf = _c.param_leaf  # noqa: F811
+    _c_getitems = _c.getitems
+
+    def getitems(node: Node, indices: Iterable[int]) -> list[Node]:  # noqa: F811
+        """``[getitem(node, i) for i in indices]`` (in C: see the Python version above)."""
+        indices = list(indices)
+        return _c_getitems(node, indices, _getitem_table(max(indices) + 1) if indices else _GETITEMS, GETITEM)

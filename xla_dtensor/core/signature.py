@@ -170,3 +170,11 @@ def fill(t: Any, vals: tuple) -> Any:
     if type(t) is list:
         return [fill(x, vals) for x in t]
     return t
+
+
+# The same signature in C (core.native), chosen once at import.
+from xla_dtensor.core import native as _native  # noqa: E402
+
+if _native.ON:
+    _native.MODULE.configure_signature(LazyTensor, _SUBCLASSES, value_of, _arg, _PTYPE)
+    signature = _native.MODULE.signature  # noqa: F811

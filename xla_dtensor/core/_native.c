@@ -1,0 +1,841 @@
+/* The lazy recorder's hot path in C: IR nodes, hash-consing, the tape, call signatures.
+ *
+ * Same semantics as the Python in ir.py and signature.py, which stay the reference (and
+ * the path taken where this module is not built: XLA_DTENSOR_NATIVE=0, no compiler).
+ * State stays Python's: the cons table, the tape and its base are read from ir.py's
+ * globals at each call, STATE.consing from the core's state object, the counters are
+ * metrics._COUNTS. Nothing here imports torch: tensors are reached through their Python
+ * attributes (_chain, _storage, _meta) and the functions given to configure_signature().
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+/* ---------------------------------------------------------------- Node */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *op, *key, *inputs, *hash, *fn, *data, *sharding;
+    long long seq, tix;
+    PyObject *weakreflist;
+} NodeObject;
+
+static PyTypeObject NodeType;
+static long long node_seq = 0;
+
+static NodeObject *
+node_make(PyObject *op, PyObject *key, PyObject *inputs, PyObject *h, PyObject *fn, PyObject *data)
+{
+    NodeObject *n = PyObject_GC_New(NodeObject, &NodeType);
+    if (n == NULL)
+        return NULL;
+    n->op = Py_NewRef(op);
+    n->key = Py_NewRef(key);
+    n->inputs = Py_NewRef(inputs);
+    n->hash = Py_NewRef(h);
+    n->fn = Py_NewRef(fn);
+    n->data = Py_NewRef(data);
+    n->sharding = Py_NewRef(Py_None);
+    n->seq = node_seq++;
+    n->tix = -1;
+    n->weakreflist = NULL;
+    PyObject_GC_Track(n);
+    return n;
+}
+
+static PyObject *
+node_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) {
+        PyErr_SetString(PyExc_TypeError, "Node() takes positional arguments only");
+        return NULL;
+    }
+    if (n != 5 && n != 6) {
+        PyErr_Format(PyExc_TypeError, "Node() takes 5 or 6 arguments (op, key, inputs, hash, fn[, data]), got %zd", n);
+        return NULL;
+    }
+    if (!PyTuple_CheckExact(args[2])) {
+        PyErr_Format(PyExc_TypeError, "Node inputs must be a tuple, got %.100s", Py_TYPE(args[2])->tp_name);
+        return NULL;
+    }
+    return (PyObject *)node_make(args[0], args[1], args[2], args[3], args[4], n == 6 ? args[5] : Py_None);
+}
+
+static PyObject *
+node_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) != 0) {
+        PyErr_SetString(PyExc_TypeError, "Node() takes positional arguments only");
+        return NULL;
+    }
+    return node_vectorcall((PyObject *)type, &PyTuple_GET_ITEM(args, 0), PyTuple_GET_SIZE(args), NULL);
+}
+
+static int
+node_traverse(NodeObject *n, visitproc visit, void *arg)
+{
+    Py_VISIT(n->op);
+    Py_VISIT(n->key);
+    Py_VISIT(n->inputs);
+    Py_VISIT(n->hash);
+    Py_VISIT(n->fn);
+    Py_VISIT(n->data);
+    Py_VISIT(n->sharding);
+    return 0;
+}
+
+static int
+node_clear(NodeObject *n)
+{
+    Py_CLEAR(n->op);
+    Py_CLEAR(n->key);
+    Py_CLEAR(n->inputs);
+    Py_CLEAR(n->hash);
+    Py_CLEAR(n->fn);
+    Py_CLEAR(n->data);
+    Py_CLEAR(n->sharding);
+    return 0;
+}
+
+static void
+node_dealloc(NodeObject *n)
+{
+    PyObject_GC_UnTrack(n);
+    /* NOTE: the trashcan: freeing a long chain of nodes (a loop that never syncs) would recurse once per node */
+    Py_TRASHCAN_BEGIN(n, node_dealloc)
+    if (n->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)n);
+    node_clear(n);
+    Py_TYPE(n)->tp_free((PyObject *)n);
+    Py_TRASHCAN_END
+}
+
+static PyObject *
+node_repr(NodeObject *n)
+{
+    unsigned long long h = PyLong_Check(n->hash) ? (unsigned long long)PyLong_AsLongLong(n->hash) & 0xffffffffULL : 0;
+    if (PyErr_Occurred())
+        PyErr_Clear();
+    char hex[16];
+    snprintf(hex, sizeof hex, "%08llx", h);
+    if (n->fn == Py_None)
+        return PyUnicode_FromFormat("Node(%S, leaf, hash=%s)", n->op, hex);
+    return PyUnicode_FromFormat("Node(%S, %zd inputs, hash=%s)", n->op, PyTuple_GET_SIZE(n->inputs), hex);
+}
+
+static PyObject *
+node_is_leaf(NodeObject *n, void *closure)
+{
+    return Py_NewRef(n->fn == Py_None ? Py_True : Py_False);
+}
+
+static PyMemberDef node_members[] = {
+    {"op", T_OBJECT, offsetof(NodeObject, op), READONLY, NULL},
+    {"key", T_OBJECT, offsetof(NodeObject, key), READONLY, NULL},
+    {"inputs", T_OBJECT, offsetof(NodeObject, inputs), READONLY, NULL},
+    {"hash", T_OBJECT, offsetof(NodeObject, hash), READONLY, NULL},
+    {"fn", T_OBJECT, offsetof(NodeObject, fn), READONLY, NULL},
+    {"data", T_OBJECT, offsetof(NodeObject, data), 0, NULL},
+    {"sharding", T_OBJECT, offsetof(NodeObject, sharding), 0, NULL},
+    {"seq", T_LONGLONG, offsetof(NodeObject, seq), READONLY, NULL},
+    {"tix", T_LONGLONG, offsetof(NodeObject, tix), 0, NULL},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(NodeObject, weakreflist), READONLY, NULL},
+    {NULL}
+};
+
+static PyGetSetDef node_getset[] = {
+    {"is_leaf", (getter)node_is_leaf, NULL, "Whether this node is a leaf (no fn).", NULL},
+    {NULL}
+};
+
+static PyTypeObject NodeType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "xla_dtensor.core._native.Node",
+    .tp_doc = PyDoc_STR("One value of the lazy graph (see xla_dtensor.core.ir.Node)."),
+    .tp_basicsize = sizeof(NodeObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = node_new,
+    .tp_vectorcall = node_vectorcall,
+    .tp_dealloc = (destructor)node_dealloc,
+    .tp_traverse = (traverseproc)node_traverse,
+    .tp_clear = (inquiry)node_clear,
+    .tp_repr = (reprfunc)node_repr,
+    .tp_members = node_members,
+    .tp_getset = node_getset,
+    .tp_weaklistoffset = offsetof(NodeObject, weakreflist),
+};
+
+/* ---------------------------------------------------------------- configuration */
+
+static PyObject *ir_globals;   /* ir.py's module dict: _CONS, _TAPE, _BASE, CONS_LIMIT, TAPE_LIMIT, _drop_tape */
+static PyObject *state;        /* the core's STATE (consing, ...) */
+static PyObject *counts;       /* metrics._COUNTS */
+static PyObject *lazy_type;    /* LazyTensor */
+static PyObject *subclasses;   /* its subclasses (a set) */
+static PyObject *value_of;     /* tensor.value_of (a view's value) */
+static PyObject *arg_slow;     /* signature._arg, for anything not handled here */
+static PyObject *param_op;     /* ir.PARAM */
+static PyObject *ptype_int, *ptype_float, *ptype_complex;  /* the signature entries of a parameter */
+static PyObject *pkey_int, *pkey_float, *pkey_complex;     /* (PARAM, type): a parameter leaf's key */
+static PyObject *phash_int, *phash_float, *phash_complex;  /* and its hash */
+
+static PyObject *s_CONS, *s_TAPE, *s_BASE, *s_CONS_LIMIT, *s_TAPE_LIMIT, *s_drop_tape, *s_consing;
+static PyObject *s_ops_recorded, *s_hash_cons_hits, *s_chain, *s_storage, *s_value, *s_meta;
+static PyObject *s_scalar_flags, *s_no_flags, *s_scalar_kw;
+
+/* configure_ir(ir_globals, state, counts): what ir.py's functions read */
+static PyObject *
+configure_ir(PyObject *self, PyObject *args)
+{
+    PyObject *g, *st, *c;
+    if (!PyArg_ParseTuple(args, "O!OO!", &PyDict_Type, &g, &st, &PyDict_Type, &c))
+        return NULL;
+    PyObject *param = PyDict_GetItemString(g, "PARAM");
+    if (param == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "configure_ir: the ir globals have no PARAM");
+        return NULL;
+    }
+    PyObject *types[3] = {(PyObject *)&PyLong_Type, (PyObject *)&PyFloat_Type, (PyObject *)&PyComplex_Type};
+    PyObject **pk[3] = {&pkey_int, &pkey_float, &pkey_complex};
+    PyObject **ph[3] = {&phash_int, &phash_float, &phash_complex};
+    for (int i = 0; i < 3; i++) {
+        PyObject *key = PyTuple_Pack(2, param, types[i]);
+        if (key == NULL)
+            return NULL;
+        Py_hash_t h = PyObject_Hash(key);
+        PyObject *hv = h == -1 ? NULL : PyLong_FromSsize_t(h);
+        if (hv == NULL) {
+            Py_DECREF(key);
+            return NULL;
+        }
+        Py_XSETREF(*pk[i], key);
+        Py_XSETREF(*ph[i], hv);
+    }
+    Py_XSETREF(param_op, Py_NewRef(param));
+    Py_XSETREF(ir_globals, Py_NewRef(g));
+    Py_XSETREF(state, Py_NewRef(st));
+    Py_XSETREF(counts, Py_NewRef(c));
+    Py_RETURN_NONE;
+}
+
+/* configure_signature(lazy_type, subclasses, value_of, arg, ptype): what signature() reads */
+static PyObject *
+configure_signature(PyObject *self, PyObject *args)
+{
+    PyObject *lt, *sub, *vo, *ar, *ptype;
+    if (!PyArg_ParseTuple(args, "OO!OOO!", &lt, &PySet_Type, &sub, &vo, &ar, &PyDict_Type, &ptype))
+        return NULL;
+    PyObject *types[3] = {(PyObject *)&PyLong_Type, (PyObject *)&PyFloat_Type, (PyObject *)&PyComplex_Type};
+    PyObject **pt[3] = {&ptype_int, &ptype_float, &ptype_complex};
+    for (int i = 0; i < 3; i++) {
+        PyObject *e = PyDict_GetItem(ptype, types[i]);
+        if (e == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "configure_signature: ptype lacks int, float or complex");
+            return NULL;
+        }
+        Py_XSETREF(*pt[i], Py_NewRef(e));
+    }
+    Py_XSETREF(lazy_type, Py_NewRef(lt));
+    Py_XSETREF(subclasses, Py_NewRef(sub));
+    Py_XSETREF(value_of, Py_NewRef(vo));
+    Py_XSETREF(arg_slow, Py_NewRef(ar));
+    Py_RETURN_NONE;
+}
+
+static int
+configured(void)
+{
+    if (ir_globals == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "xla_dtensor.core._native used before configure_ir()");
+        return 0;
+    }
+    return 1;
+}
+
+static int
+signature_configured(void)
+{
+    if (lazy_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "xla_dtensor.core._native.signature used before configure_signature()");
+        return 0;
+    }
+    return configured();
+}
+
+/* counts[name] += n */
+static int
+count(PyObject *name, Py_ssize_t n)
+{
+    if (n == 0)
+        return 0;
+    PyObject *old = PyDict_GetItemWithError(counts, name);
+    if (old == NULL && PyErr_Occurred())
+        return -1;
+    PyObject *add = PyLong_FromSsize_t(n);
+    if (add == NULL)
+        return -1;
+    PyObject *new = old == NULL ? Py_NewRef(add) : PyNumber_Add(old, add);
+    Py_DECREF(add);
+    if (new == NULL)
+        return -1;
+    int r = PyDict_SetItem(counts, name, new);
+    Py_DECREF(new);
+    return r;
+}
+
+/* STATE.consing as 0/1, -1 on error */
+static int
+consing(void)
+{
+    PyObject *v = PyObject_GetAttr(state, s_consing);
+    if (v == NULL)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+static Py_ssize_t
+global_ssize(PyObject *name)
+{
+    PyObject *v = PyDict_GetItemWithError(ir_globals, name);
+    if (v == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_RuntimeError, "ir has no %S", name);
+        return -1;
+    }
+    return PyLong_AsSsize_t(v);
+}
+
+/* hash((key_hash, *map(hash_of, inputs))) */
+static PyObject *
+node_hash(PyObject *key_hash, PyObject *inputs)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(inputs);
+    PyObject *t = PyTuple_New(n + 1);
+    if (t == NULL)
+        return NULL;
+    PyTuple_SET_ITEM(t, 0, Py_NewRef(key_hash));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyTuple_GET_ITEM(inputs, i);
+        PyObject *h = Py_IS_TYPE(x, &NodeType) ? Py_NewRef(((NodeObject *)x)->hash) : PyObject_GetAttrString(x, "hash");
+        if (h == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i + 1, h);
+    }
+    Py_hash_t h = PyObject_Hash(t);
+    Py_DECREF(t);
+    return h == -1 ? NULL : PyLong_FromSsize_t(h);
+}
+
+/* Put node on the tape (when there is one): node.tix = _BASE + len(tape); drop the tape past TAPE_LIMIT. */
+static int
+tape_append(NodeObject *node)
+{
+    PyObject *tape = PyDict_GetItemWithError(ir_globals, s_TAPE);
+    if (tape == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (tape == Py_None)
+        return 0;
+    Py_ssize_t base = global_ssize(s_BASE);
+    if (base == -1 && PyErr_Occurred())
+        return -1;
+    node->tix = (long long)base + PyList_GET_SIZE(tape);
+    if (PyList_Append(tape, (PyObject *)node) < 0)
+        return -1;
+    Py_ssize_t limit = global_ssize(s_TAPE_LIMIT);
+    if (limit == -1 && PyErr_Occurred())
+        return -1;
+    if (PyList_GET_SIZE(tape) > limit) {
+        PyObject *drop = PyDict_GetItemWithError(ir_globals, s_drop_tape);
+        if (drop == NULL)
+            return -1;
+        PyObject *r = PyObject_CallNoArgs(drop);
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- make_node, getitems */
+
+static PyObject *
+cons_key(PyObject *key_hash, PyObject *inputs)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(inputs);
+    PyObject *ck = PyTuple_New(n + 1);
+    if (ck == NULL)
+        return NULL;
+    PyTuple_SET_ITEM(ck, 0, Py_NewRef(key_hash));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *id = PyLong_FromVoidPtr(PyTuple_GET_ITEM(inputs, i));
+        if (id == NULL) {
+            Py_DECREF(ck);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(ck, i + 1, id);
+    }
+    return ck;
+}
+
+static PyObject *
+make_node(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "make_node(op, key, key_hash, inputs, fn)");
+        return NULL;
+    }
+    if (!configured())
+        return NULL;
+    PyObject *op = args[0], *key = args[1], *key_hash = args[2], *inputs = args[3], *fn = args[4];
+    if (!PyTuple_CheckExact(inputs)) {
+        PyErr_Format(PyExc_TypeError, "make_node: inputs must be a tuple, got %.100s", Py_TYPE(inputs)->tp_name);
+        return NULL;
+    }
+    int cons = consing();
+    if (cons < 0)
+        return NULL;
+    if (!cons) {
+        if (count(s_ops_recorded, 1) < 0)
+            return NULL;
+        PyObject *h = node_hash(key_hash, inputs);
+        if (h == NULL)
+            return NULL;
+        PyObject *node = (PyObject *)node_make(op, key, inputs, h, fn, Py_None);
+        Py_DECREF(h);
+        return node;
+    }
+    PyObject *table = PyDict_GetItemWithError(ir_globals, s_CONS);
+    if (table == NULL || !PyDict_Check(table)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "ir._CONS is not a dict");
+        return NULL;
+    }
+    PyObject *ck = cons_key(key_hash, inputs);
+    if (ck == NULL)
+        return NULL;
+    PyObject *hit = PyDict_GetItemWithError(table, ck);
+    if (hit == NULL && PyErr_Occurred())
+        goto fail;
+    if (hit != NULL) {
+        PyObject *hk = Py_IS_TYPE(hit, &NodeType) ? ((NodeObject *)hit)->key : NULL;
+        int same = hk == key ? 1 : hk == NULL ? 0 : PyObject_RichCompareBool(hk, key, Py_EQ);
+        if (same < 0)
+            goto fail;
+        if (same) {
+            Py_DECREF(ck);
+            if (count(s_hash_cons_hits, 1) < 0)
+                return NULL;
+            return Py_NewRef(hit);
+        }
+    }
+    PyObject *h = node_hash(key_hash, inputs);
+    if (h == NULL)
+        goto fail;
+    NodeObject *node = node_make(op, key, inputs, h, fn, Py_None);
+    Py_DECREF(h);
+    if (node == NULL)
+        goto fail;
+    Py_ssize_t limit = global_ssize(s_CONS_LIMIT);
+    if ((limit == -1 && PyErr_Occurred()) || (PyDict_GET_SIZE(table) >= limit && (PyDict_Clear(table), 0)) ||
+        PyDict_SetItem(table, ck, (PyObject *)node) < 0 || tape_append(node) < 0 || count(s_ops_recorded, 1) < 0) {
+        Py_DECREF(node);
+        goto fail;
+    }
+    Py_DECREF(ck);
+    return (PyObject *)node;
+fail:
+    Py_DECREF(ck);
+    return NULL;
+}
+
+/* getitems(node, indices, table): table[i] is (key, its hash, fn) for output i (ir._getitem_table). */
+static PyObject *
+getitems(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "getitems(node, indices, table, getitem_op)");
+        return NULL;
+    }
+    if (!configured())
+        return NULL;
+    PyObject *node = args[0], *indices = args[1], *table = args[2], *gop = args[3];
+    if (!PyList_CheckExact(indices) || !PyList_CheckExact(table) || !Py_IS_TYPE(node, &NodeType)) {
+        PyErr_SetString(PyExc_TypeError, "getitems: a Node, a list of indices and the getitem table");
+        return NULL;
+    }
+    int cons = consing();
+    if (cons < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(indices);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    PyObject *cons_table = NULL, *tape = Py_None, *nid = NULL, *inputs = NULL;
+    Py_ssize_t base = 0, hits = 0, made = 0;
+    PyObject *nh = ((NodeObject *)node)->hash;
+    if (cons) {
+        cons_table = PyDict_GetItemWithError(ir_globals, s_CONS);
+        tape = PyDict_GetItemWithError(ir_globals, s_TAPE);
+        if (cons_table == NULL || tape == NULL)
+            goto fail;
+        base = global_ssize(s_BASE);
+        if (base == -1 && PyErr_Occurred())
+            goto fail;
+        Py_ssize_t limit = global_ssize(s_CONS_LIMIT);
+        if (limit == -1 && PyErr_Occurred())
+            goto fail;
+        if (PyDict_GET_SIZE(cons_table) + n >= limit)
+            PyDict_Clear(cons_table);
+        nid = PyLong_FromVoidPtr(node);
+        if (nid == NULL)
+            goto fail;
+    }
+    inputs = PyTuple_Pack(1, node);
+    if (inputs == NULL)
+        goto fail;
+    PyObject *pair = PyTuple_New(2);  /* (kh, nh): hashed for the node's hash */
+    if (pair == NULL)
+        goto fail;
+    PyTuple_SET_ITEM(pair, 1, Py_NewRef(nh));
+    PyTuple_SET_ITEM(pair, 0, Py_NewRef(Py_None));
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(indices, k));
+        if (i == -1 && PyErr_Occurred())
+            goto fail_pair;
+        if (i < 0 || i >= PyList_GET_SIZE(table)) {
+            PyErr_Format(PyExc_IndexError, "getitems: output %zd has no table entry", i);
+            goto fail_pair;
+        }
+        PyObject *ent = PyList_GET_ITEM(table, i);
+        PyObject *key = PyTuple_GET_ITEM(ent, 0), *kh = PyTuple_GET_ITEM(ent, 1), *fn = PyTuple_GET_ITEM(ent, 2);
+        PyObject *ck = NULL, *g = NULL;
+        if (cons) {
+            ck = PyTuple_Pack(2, kh, nid);
+            if (ck == NULL)
+                goto fail_pair;
+            PyObject *hit = PyDict_GetItemWithError(cons_table, ck);
+            if (hit == NULL && PyErr_Occurred()) {
+                Py_DECREF(ck);
+                goto fail_pair;
+            }
+            if (hit != NULL && Py_IS_TYPE(hit, &NodeType)) {
+                int same = PyObject_RichCompareBool(((NodeObject *)hit)->key, key, Py_EQ);
+                if (same < 0) {
+                    Py_DECREF(ck);
+                    goto fail_pair;
+                }
+                if (same) {
+                    hits++;
+                    g = Py_NewRef(hit);
+                }
+            }
+        }
+        if (g == NULL) {
+            Py_SETREF(PyTuple_GET_ITEM(pair, 0), Py_NewRef(kh));
+            Py_hash_t h = PyObject_Hash(pair);
+            PyObject *hv = h == -1 ? NULL : PyLong_FromSsize_t(h);
+            if (hv == NULL) {
+                Py_XDECREF(ck);
+                goto fail_pair;
+            }
+            g = (PyObject *)node_make(gop, key, inputs, hv, fn, Py_None);
+            Py_DECREF(hv);
+            if (g == NULL || (cons && (PyDict_SetItem(cons_table, ck, g) < 0 || tape_append((NodeObject *)g) < 0))) {
+                Py_XDECREF(g);
+                Py_XDECREF(ck);
+                goto fail_pair;
+            }
+            made++;
+        }
+        Py_XDECREF(ck);
+        PyList_SET_ITEM(out, k, g);
+    }
+    Py_DECREF(pair);
+    Py_DECREF(inputs);
+    Py_XDECREF(nid);
+    if (count(s_hash_cons_hits, hits) < 0 || count(s_ops_recorded, made) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+fail_pair:
+    Py_DECREF(pair);
+fail:
+    Py_XDECREF(inputs);
+    Py_XDECREF(nid);
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- param_leaf, signature */
+
+static PyObject *
+param_leaf_of(PyObject *value, PyObject *tp, int cons)
+{
+    PyObject *key = tp == (PyObject *)&PyLong_Type ? pkey_int : tp == (PyObject *)&PyFloat_Type ? pkey_float : pkey_complex;
+    PyObject *h = tp == (PyObject *)&PyLong_Type ? phash_int : tp == (PyObject *)&PyFloat_Type ? phash_float : phash_complex;
+    NodeObject *node = node_make(param_op, key, PyTuple_New(0) /* the empty tuple is a singleton */, h, Py_None, value);
+    if (node == NULL)
+        return NULL;
+    Py_DECREF(node->inputs);  /* PyTuple_New(0)'s reference, now held by the node */
+    if (cons && tape_append(node) < 0) {
+        Py_DECREF(node);
+        return NULL;
+    }
+    return (PyObject *)node;
+}
+
+static PyObject *
+param_leaf(PyObject *self, PyObject *value)
+{
+    if (!configured())
+        return NULL;
+    PyObject *tp = (PyObject *)Py_TYPE(value);
+    if (tp != (PyObject *)&PyLong_Type && tp != (PyObject *)&PyFloat_Type && tp != (PyObject *)&PyComplex_Type) {
+        PyErr_Format(PyExc_TypeError, "param_leaf takes an int, float or complex, got %.100s", Py_TYPE(value)->tp_name);
+        return NULL;
+    }
+    int cons = consing();
+    return cons < 0 ? NULL : param_leaf_of(value, tp, cons);
+}
+
+static int
+is_lazy(PyObject *a)
+{
+    PyObject *tp = (PyObject *)Py_TYPE(a);
+    if (tp == lazy_type)
+        return 1;
+    return PySet_GET_SIZE(subclasses) ? PySet_Contains(subclasses, tp) : 0;
+}
+
+/* a lazy tensor's current value: its storage's, or value_of(a) for a view; appended to dyn */
+static int
+lazy_value(PyObject *a, PyObject *dyn)
+{
+    PyObject *chain = PyObject_GetAttr(a, s_chain);
+    if (chain == NULL)
+        return -1;
+    int view = PyObject_IsTrue(chain);
+    Py_DECREF(chain);
+    if (view < 0)
+        return -1;
+    PyObject *v;
+    if (view) {
+        v = PyObject_CallOneArg(value_of, a);
+    } else {
+        PyObject *s = PyObject_GetAttr(a, s_storage);
+        if (s == NULL)
+            return -1;
+        v = PyObject_GetAttr(s, s_value);
+        Py_DECREF(s);
+    }
+    if (v == NULL)
+        return -1;
+    int r = PyList_Append(dyn, v);
+    Py_DECREF(v);
+    return r;
+}
+
+static PyObject *arg(PyObject *a, int scal, PyObject *dyn, int cons);
+
+static PyObject *
+arg_seq(PyObject *a, int scal, PyObject *dyn, int cons)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(a);
+    PyObject **items = PySequence_Fast_ITEMS(a);
+    PyObject *out = PyTuple_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = arg(items[i], scal, dyn, cons);
+        if (x == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, x);
+    }
+    return out;
+}
+
+/* The signature entry of argument a (see signature._arg), appending its graph inputs to dyn. */
+static PyObject *
+arg(PyObject *a, int scal, PyObject *dyn, int cons)
+{
+    PyTypeObject *tp = Py_TYPE(a);
+    if (a == Py_None || tp == &PyBool_Type || tp == &PyUnicode_Type)
+        return Py_NewRef(a);
+    if (tp == &PyLong_Type || tp == &PyFloat_Type || tp == &PyComplex_Type) {
+        if (scal) {
+            int zero_or_one;
+            if (tp == &PyFloat_Type) {
+                double d = PyFloat_AS_DOUBLE(a);
+                zero_or_one = d == 0.0 || d == 1.0;
+            } else if (tp == &PyLong_Type) {
+                int overflow;
+                long v = PyLong_AsLongAndOverflow(a, &overflow);
+                zero_or_one = !overflow && (v == 0 || v == 1);
+            } else {
+                Py_complex c = PyComplex_AsCComplex(a);
+                zero_or_one = c.imag == 0.0 && (c.real == 0.0 || c.real == 1.0);
+            }
+            if (!zero_or_one) {
+                PyObject *leaf = param_leaf_of(a, (PyObject *)tp, cons);
+                if (leaf == NULL)
+                    return NULL;
+                int r = PyList_Append(dyn, leaf);
+                Py_DECREF(leaf);
+                if (r < 0)
+                    return NULL;
+                return Py_NewRef(tp == &PyLong_Type ? ptype_int : tp == &PyFloat_Type ? ptype_float : ptype_complex);
+            }
+        }
+        return PyTuple_Pack(2, (PyObject *)tp, a);
+    }
+    if (tp == &PyList_Type || tp == &PyTuple_Type)
+        return arg_seq(a, scal, dyn, cons);
+    int lazy = is_lazy(a);
+    if (lazy < 0)
+        return NULL;
+    if (lazy) {
+        if (lazy_value(a, dyn) < 0)
+            return NULL;
+        return PyObject_GetAttr(a, s_meta);
+    }
+    /* anything else (dtypes, devices, CPU tensors, errors): the Python reference */
+    PyObject *flag = scal ? Py_True : Py_False;
+    PyObject *call[3] = {a, flag, dyn};
+    return PyObject_Vectorcall(arg_slow, call, 3, NULL);
+}
+
+/* signature(args, kwargs, info, scalars, dyn): see signature.signature */
+static PyObject *
+signature(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "signature(args, kwargs, info, scalars, dyn)");
+        return NULL;
+    }
+    if (!signature_configured())
+        return NULL;
+    PyObject *cargs = args[0], *kwargs = args[1], *info = args[2], *dyn = args[4];
+    int scalars = PyObject_IsTrue(args[3]);
+    if (scalars < 0)
+        return NULL;
+    if (!PyTuple_Check(cargs) || !PyDict_Check(kwargs) || !PyList_CheckExact(dyn)) {
+        PyErr_SetString(PyExc_TypeError, "signature: args a tuple, kwargs a dict, dyn a list");
+        return NULL;
+    }
+    int cons = consing();
+    if (cons < 0)
+        return NULL;
+    PyObject *flags = PyObject_GetAttr(info, scalars ? s_scalar_flags : s_no_flags);
+    if (flags == NULL)
+        return NULL;
+    if (!PyTuple_Check(flags)) {
+        Py_DECREF(flags);
+        PyErr_SetString(PyExc_TypeError, "signature: info's flags must be a tuple");
+        return NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(cargs), nf = PyTuple_GET_SIZE(flags);
+    Py_ssize_t nk = PyDict_GET_SIZE(kwargs);
+    PyObject *key = PyTuple_New(n + nk);
+    if (key == NULL) {
+        Py_DECREF(flags);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int scal = i < nf && PyTuple_GET_ITEM(flags, i) == Py_True;
+        PyObject *x = arg(PyTuple_GET_ITEM(cargs, i), scal, dyn, cons);
+        if (x == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(key, i, x);
+    }
+    if (nk) {
+        PyObject *sk = NULL;
+        if (scalars) {
+            sk = PyObject_GetAttr(info, s_scalar_kw);
+            if (sk == NULL)
+                goto fail;
+        }
+        Py_ssize_t pos = 0, i = n;
+        PyObject *k, *v;
+        while (PyDict_Next(kwargs, &pos, &k, &v)) {
+            int scal = sk != NULL ? PySequence_Contains(sk, k) : 0;
+            PyObject *x = scal < 0 ? NULL : arg(v, scal, dyn, cons);
+            PyObject *item = x == NULL ? NULL : PyTuple_Pack(2, k, x);
+            Py_XDECREF(x);
+            if (item == NULL) {
+                Py_XDECREF(sk);
+                goto fail;
+            }
+            PyTuple_SET_ITEM(key, i++, item);
+        }
+        Py_XDECREF(sk);
+    }
+    Py_DECREF(flags);
+    return key;
+fail:
+    Py_DECREF(flags);
+    Py_DECREF(key);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- module */
+
+static PyMethodDef methods[] = {
+    {"configure_ir", (PyCFunction)configure_ir, METH_VARARGS,
+     "configure_ir(ir_globals, state, counts): bind ir.py's state."},
+    {"configure_signature", (PyCFunction)configure_signature, METH_VARARGS,
+     "configure_signature(lazy_type, subclasses, value_of, arg, ptype): bind what signatures read."},
+    {"make_node", (PyCFunction)(void (*)(void))make_node, METH_FASTCALL, "ir.make_node in C."},
+    {"getitems", (PyCFunction)(void (*)(void))getitems, METH_FASTCALL,
+     "getitems(node, indices, table, getitem_op): ir.getitems in C."},
+    {"param_leaf", (PyCFunction)param_leaf, METH_O, "ir.param_leaf in C."},
+    {"signature", (PyCFunction)(void (*)(void))signature, METH_FASTCALL,
+     "signature(args, kwargs, info, scalars, dyn): signature.signature in C."},
+    {NULL}
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_native", "The lazy recorder's hot path in C (see xla_dtensor.core.native).", -1, methods
+};
+
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    if (PyType_Ready(&NodeType) < 0)
+        return NULL;
+    INTERN(s_CONS, "_CONS");
+    INTERN(s_TAPE, "_TAPE");
+    INTERN(s_BASE, "_BASE");
+    INTERN(s_CONS_LIMIT, "CONS_LIMIT");
+    INTERN(s_TAPE_LIMIT, "TAPE_LIMIT");
+    INTERN(s_drop_tape, "_drop_tape");
+    INTERN(s_consing, "consing");
+    INTERN(s_ops_recorded, "ops_recorded");
+    INTERN(s_hash_cons_hits, "hash_cons_hits");
+    INTERN(s_chain, "_chain");
+    INTERN(s_storage, "_storage");
+    INTERN(s_value, "value");
+    INTERN(s_meta, "_meta");
+    INTERN(s_scalar_flags, "scalar_flags");
+    INTERN(s_no_flags, "no_flags");
+    INTERN(s_scalar_kw, "scalar_kw");
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&NodeType);
+    if (PyModule_AddObject(m, "Node", (PyObject *)&NodeType) < 0) {
+        Py_DECREF(&NodeType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
