@@ -785,6 +785,424 @@ fail:
     return NULL;
 }
 
+/* ---------------------------------------------------------------- Storage */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *value, *meta, *donor, *owner, *layout;
+    long long version, seq;
+    PyObject *weakreflist;
+} StorageObject;
+
+static PyTypeObject StorageType;
+static long long storage_seq = 0;
+static PyObject *me_fn;        /* threads.me: the owner of what the calling thread records */
+static PyObject *lock;         /* threads.LOCK */
+static PyObject *live_data, *live_remove;  /* tensor.LIVE's set of weak references, and its removal callback */
+static PyObject *s_owner, *s_is_owned, *s_version;
+
+static StorageObject *
+storage_make(PyObject *value, PyObject *meta, PyObject *owner)
+{
+    StorageObject *s = PyObject_GC_New(StorageObject, &StorageType);
+    if (s == NULL)
+        return NULL;
+    s->value = Py_NewRef(value);
+    s->meta = Py_NewRef(meta);
+    s->donor = Py_NewRef(Py_None);
+    s->owner = Py_NewRef(owner);
+    s->layout = Py_NewRef(Py_None);
+    s->version = 0;
+    s->seq = storage_seq++;
+    s->weakreflist = NULL;
+    PyObject_GC_Track(s);
+    return s;
+}
+
+/* threads.me(), without its Python frame inside an op: STATE.owner while this thread holds the lock */
+static PyObject *
+current_owner(void)
+{
+    PyObject *owner = PyObject_GetAttr(state, s_owner);
+    if (owner == NULL)
+        return NULL;
+    int set = PyObject_IsTrue(owner);
+    if (set > 0) {
+        PyObject *held = PyObject_CallMethodNoArgs(lock, s_is_owned);
+        if (held == NULL) {
+            Py_DECREF(owner);
+            return NULL;
+        }
+        set = held == Py_True;
+        Py_DECREF(held);
+    }
+    if (set)
+        return owner;
+    Py_DECREF(owner);
+    return set < 0 ? NULL : PyObject_CallNoArgs(me_fn);
+}
+
+static PyObject *
+storage_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if ((kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0) || n != 2) {
+        PyErr_SetString(PyExc_TypeError, "Storage(value, meta) takes two positional arguments");
+        return NULL;
+    }
+    if (me_fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Storage made before configure_tensor()");
+        return NULL;
+    }
+    PyObject *owner = current_owner();
+    if (owner == NULL)
+        return NULL;
+    PyObject *s = (PyObject *)storage_make(args[0], args[1], owner);
+    Py_DECREF(owner);
+    return s;
+}
+
+static PyObject *
+storage_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) != 0) {
+        PyErr_SetString(PyExc_TypeError, "Storage(value, meta) takes two positional arguments");
+        return NULL;
+    }
+    return storage_vectorcall((PyObject *)type, &PyTuple_GET_ITEM(args, 0), PyTuple_GET_SIZE(args), NULL);
+}
+
+static int
+storage_traverse(StorageObject *s, visitproc visit, void *arg)
+{
+    Py_VISIT(s->value);
+    Py_VISIT(s->meta);
+    Py_VISIT(s->donor);
+    Py_VISIT(s->owner);
+    Py_VISIT(s->layout);
+    return 0;
+}
+
+static int
+storage_clear(StorageObject *s)
+{
+    Py_CLEAR(s->value);
+    Py_CLEAR(s->meta);
+    Py_CLEAR(s->donor);
+    Py_CLEAR(s->owner);
+    Py_CLEAR(s->layout);
+    return 0;
+}
+
+static void
+storage_dealloc(StorageObject *s)
+{
+    PyObject_GC_UnTrack(s);
+    Py_TRASHCAN_BEGIN(s, storage_dealloc)
+    if (s->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)s);
+    storage_clear(s);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+    Py_TRASHCAN_END
+}
+
+static PyMemberDef storage_members[] = {
+    {"value", T_OBJECT, offsetof(StorageObject, value), 0, NULL},
+    {"meta", T_OBJECT, offsetof(StorageObject, meta), 0, NULL},
+    {"donor", T_OBJECT, offsetof(StorageObject, donor), 0, NULL},
+    {"owner", T_OBJECT, offsetof(StorageObject, owner), 0, NULL},
+    {"layout", T_OBJECT, offsetof(StorageObject, layout), 0, NULL},
+    {"version", T_LONGLONG, offsetof(StorageObject, version), 0, NULL},
+    {"seq", T_LONGLONG, offsetof(StorageObject, seq), READONLY, NULL},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(StorageObject, weakreflist), READONLY, NULL},
+    {NULL}
+};
+
+static PyTypeObject StorageType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "xla_dtensor.core._native.Storage",
+    .tp_doc = PyDoc_STR("The value cell shared by a root tensor and its views (see xla_dtensor.core.tensor.Storage)."),
+    .tp_basicsize = sizeof(StorageObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = storage_new,
+    .tp_vectorcall = storage_vectorcall,
+    .tp_dealloc = (destructor)storage_dealloc,
+    .tp_traverse = (traverseproc)storage_traverse,
+    .tp_clear = (inquiry)storage_clear,
+    .tp_members = storage_members,
+    .tp_weaklistoffset = offsetof(StorageObject, weakreflist),
+};
+
+/* ---------------------------------------------------------------- output tensors */
+
+static PyObject *make_wrapper;  /* torch.Tensor._make_wrapper_subclass */
+static PyObject *out_local;     /* tensor.OUT: the class of the tensors ops make on this thread */
+static PyObject *device;        /* the jax device */
+static PyObject *wrapper_kwnames;  /* ("strides", "dtype", "device") */
+static PyObject *empty_tuple;
+static PyObject *s_cls, *s_vcache, *s_seen;
+
+/* configure_tensor(lazy_type, make_wrapper, out, device, me, lock, live_data, live_remove) */
+static PyObject *
+configure_tensor(PyObject *self, PyObject *args)
+{
+    PyObject *lt, *mw, *out, *dev, *me, *lk, *ld, *lr;
+    if (!PyArg_ParseTuple(args, "OOOOOOO!O", &lt, &mw, &out, &dev, &me, &lk, &PySet_Type, &ld, &lr))
+        return NULL;
+    Py_XSETREF(lazy_type, Py_NewRef(lt));
+    Py_XSETREF(make_wrapper, Py_NewRef(mw));
+    Py_XSETREF(out_local, Py_NewRef(out));
+    Py_XSETREF(device, Py_NewRef(dev));
+    Py_XSETREF(me_fn, Py_NewRef(me));
+    Py_XSETREF(lock, Py_NewRef(lk));
+    Py_XSETREF(live_data, Py_NewRef(ld));
+    Py_XSETREF(live_remove, Py_NewRef(lr));
+    Py_RETURN_NONE;
+}
+
+/* a fresh wrapper tensor of metadata meta = (shape, dtype, stride) */
+static PyObject *
+wrapper(PyObject *meta)
+{
+    if (!PyTuple_Check(meta) || PyTuple_GET_SIZE(meta) != 3) {
+        PyErr_SetString(PyExc_TypeError, "a tensor's meta is (shape, dtype, stride)");
+        return NULL;
+    }
+    PyObject *cls = PyObject_GetAttr(out_local, s_cls);
+    if (cls == NULL)
+        return NULL;
+    if (cls == Py_None)
+        Py_SETREF(cls, Py_NewRef(lazy_type));
+    PyObject *call[5] = {cls, PyTuple_GET_ITEM(meta, 0), PyTuple_GET_ITEM(meta, 2), PyTuple_GET_ITEM(meta, 1), device};
+    PyObject *t = PyObject_Vectorcall(make_wrapper, call, 2, wrapper_kwnames);
+    Py_DECREF(cls);
+    return t;
+}
+
+static int
+set3(PyObject *t, PyObject *storage, PyObject *chain, PyObject *meta)
+{
+    if (PyObject_SetAttr(t, s_storage, storage) < 0 || PyObject_SetAttr(t, s_chain, chain) < 0 ||
+        PyObject_SetAttr(t, s_meta, meta) < 0)
+        return -1;
+    return 0;
+}
+
+/* a root tensor holding value, its storage owned by owner (a new reference, or NULL: look it up) */
+static PyObject *
+new_tensor_c(PyObject *meta, PyObject *value)
+{
+    PyObject *t = wrapper(meta);
+    if (t == NULL)
+        return NULL;
+    PyObject *owner = current_owner();
+    if (owner == NULL) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    StorageObject *s = storage_make(value, meta, owner);
+    Py_DECREF(owner);
+    if (s == NULL) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    PyObject *ref = PyWeakref_NewRef((PyObject *)s, live_remove);
+    int bad = ref == NULL || PySet_Add(live_data, ref) < 0 || set3(t, (PyObject *)s, empty_tuple, meta) < 0;
+    Py_XDECREF(ref);
+    Py_DECREF(s);
+    if (bad) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    return t;
+}
+
+static PyObject *
+new_view_c(PyObject *meta, PyObject *storage, PyObject *chain, PyObject *value)
+{
+    PyObject *t = wrapper(meta);
+    if (t == NULL)
+        return NULL;
+    PyObject *version = PyObject_GetAttr(storage, s_version);
+    if (version == NULL || set3(t, storage, chain, meta) < 0 || PyObject_SetAttr(t, s_vcache, value) < 0 ||
+        PyObject_SetAttr(t, s_seen, version) < 0) {
+        Py_XDECREF(version);
+        Py_DECREF(t);
+        return NULL;
+    }
+    Py_DECREF(version);
+    return t;
+}
+
+static PyObject *
+new_tensor(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "new_tensor(meta, value)");
+        return NULL;
+    }
+    if (make_wrapper == NULL || !configured()) {
+        PyErr_SetString(PyExc_RuntimeError, "new_tensor used before configure_tensor()");
+        return NULL;
+    }
+    return new_tensor_c(args[0], args[1]);
+}
+
+static PyObject *
+new_view(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "new_view(meta, storage, chain, value)");
+        return NULL;
+    }
+    if (make_wrapper == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "new_view used before configure_tensor()");
+        return NULL;
+    }
+    return new_view_c(args[0], args[1], args[2], args[3]);
+}
+
+/* ---------------------------------------------------------------- record */
+
+static PyObject *entries_by_id;  /* dispatch._ENTRIES: id(op) -> _Op */
+static PyObject *record_py;      /* dispatch.record's Python path (a new op) */
+static PyObject *recorded_py;    /* dispatch._recorded: the rest after the signature */
+static PyObject *kind_fn, *kind_view;
+static PyObject *s_info, *s_static_scalars, *s_entries, *s_returns_list, *s_kind, *s_random, *s_outs, *s_step,
+    *s_key, *s_h, *s_fn;
+
+/* configure_record(entries, record, recorded, fn_kind, view_kind) */
+static PyObject *
+configure_record(PyObject *self, PyObject *args)
+{
+    PyObject *e, *r, *rd, *kf, *kv;
+    if (!PyArg_ParseTuple(args, "O!OOOO", &PyDict_Type, &e, &r, &rd, &kf, &kv))
+        return NULL;
+    Py_XSETREF(entries_by_id, Py_NewRef(e));
+    Py_XSETREF(record_py, Py_NewRef(r));
+    Py_XSETREF(recorded_py, Py_NewRef(rd));
+    Py_XSETREF(kind_fn, Py_NewRef(kf));
+    Py_XSETREF(kind_view, Py_NewRef(kv));
+    Py_RETURN_NONE;
+}
+
+/* the node of entry e over inputs dyn (a list) */
+static PyObject *
+entry_node(PyObject *op, PyObject *e, PyObject *dyn)
+{
+    PyObject *key = PyObject_GetAttr(e, s_key), *h = PyObject_GetAttr(e, s_h), *fn = PyObject_GetAttr(e, s_fn);
+    PyObject *inputs = PyList_AsTuple(dyn);
+    PyObject *node = NULL;
+    if (key != NULL && h != NULL && fn != NULL && inputs != NULL) {
+        PyObject *call[5] = {op, key, h, inputs, fn};
+        node = make_node(NULL, call, 5);
+    }
+    Py_XDECREF(key);
+    Py_XDECREF(h);
+    Py_XDECREF(fn);
+    Py_XDECREF(inputs);
+    return node;
+}
+
+/* record(op, args, kwargs): dispatch.record; the common cases (one output of a known signature: a
+ * plain op, a view) here, the rest in Python */
+static PyObject *
+record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "record(op, args, kwargs)");
+        return NULL;
+    }
+    if (entries_by_id == NULL || make_wrapper == NULL || !signature_configured()) {
+        PyErr_SetString(PyExc_RuntimeError, "record used before configure_record() and configure_tensor()");
+        return NULL;
+    }
+    PyObject *op = args[0], *cargs = args[1], *kwargs = args[2];
+    PyObject *id = PyLong_FromVoidPtr(op);
+    if (id == NULL)
+        return NULL;
+    PyObject *st = PyDict_GetItemWithError(entries_by_id, id);
+    Py_DECREF(id);
+    if (st == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        return PyObject_Vectorcall(record_py, args, 3, NULL);
+    }
+    Py_INCREF(st);
+    PyObject *res = NULL, *info = NULL, *stat = NULL, *entries = NULL, *dyn = NULL, *sig = NULL;
+    info = PyObject_GetAttr(st, s_info);
+    stat = PyObject_GetAttr(st, s_static_scalars);
+    entries = PyObject_GetAttr(st, s_entries);
+    dyn = PyList_New(0);
+    if (info == NULL || stat == NULL || entries == NULL || dyn == NULL || !PyDict_Check(entries))
+        goto done;
+    PyObject *sargs[5] = {cargs, kwargs, info, stat == Py_True ? Py_False : Py_True, dyn};
+    sig = signature(NULL, sargs, 5);
+    if (sig == NULL)
+        goto done;
+    PyObject *e = PyDict_GetItemWithError(entries, sig);
+    if (e == NULL && PyErr_Occurred())
+        goto done;
+    if (e != NULL) {
+        PyObject *kind = PyObject_GetAttr(e, s_kind), *rnd = PyObject_GetAttr(e, s_random);
+        PyObject *outs = PyObject_GetAttr(e, s_outs), *listed = PyObject_GetAttr(st, s_returns_list);
+        int fast = kind != NULL && rnd == Py_False && outs != NULL && PyList_Check(outs) &&
+                   PyList_GET_SIZE(outs) == 1 && PyList_GET_ITEM(outs, 0) != Py_None && listed == Py_False &&
+                   (kind == kind_fn || kind == kind_view);
+        PyObject *step = NULL, *base = NULL;
+        if (fast && kind == kind_view) {  /* a view of args[0], its step made already */
+            step = PyObject_GetAttr(e, s_step);
+            base = PyTuple_GET_SIZE(cargs) ? PyTuple_GET_ITEM(cargs, 0) : NULL;
+            fast = step != NULL && step != Py_None && base != NULL && is_lazy(base) == 1;
+        }
+        if (fast) {
+            PyObject *meta = PyList_GET_ITEM(outs, 0);
+            PyObject *node = entry_node(op, e, dyn);
+            if (node != NULL && kind == kind_fn) {
+                res = new_tensor_c(meta, node);
+            } else if (node != NULL) {
+                PyObject *storage = PyObject_GetAttr(base, s_storage), *chain = PyObject_GetAttr(base, s_chain);
+                PyObject *longer = NULL;
+                if (storage != NULL && chain != NULL && PyTuple_Check(chain)) {
+                    Py_ssize_t n = PyTuple_GET_SIZE(chain);
+                    longer = PyTuple_New(n + 1);
+                    if (longer != NULL) {
+                        for (Py_ssize_t i = 0; i < n; i++)
+                            PyTuple_SET_ITEM(longer, i, Py_NewRef(PyTuple_GET_ITEM(chain, i)));
+                        PyTuple_SET_ITEM(longer, n, Py_NewRef(step));
+                        res = new_view_c(meta, storage, longer, node);
+                    }
+                } else if (chain != NULL && !PyErr_Occurred()) {
+                    PyErr_SetString(PyExc_TypeError, "a view chain must be a tuple");
+                }
+                Py_XDECREF(storage);
+                Py_XDECREF(chain);
+                Py_XDECREF(longer);
+            }
+            Py_XDECREF(node);
+        }
+        Py_XDECREF(kind);
+        Py_XDECREF(rnd);
+        Py_XDECREF(outs);
+        Py_XDECREF(listed);
+        Py_XDECREF(step);
+        if (fast || PyErr_Occurred())
+            goto done;
+    }
+    {
+        PyObject *call[6] = {op, cargs, kwargs, st, sig, dyn};
+        res = PyObject_Vectorcall(recorded_py, call, 6, NULL);
+    }
+done:
+    Py_DECREF(st);
+    Py_XDECREF(info);
+    Py_XDECREF(stat);
+    Py_XDECREF(entries);
+    Py_XDECREF(dyn);
+    Py_XDECREF(sig);
+    return res;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
@@ -796,6 +1214,13 @@ static PyMethodDef methods[] = {
     {"getitems", (PyCFunction)(void (*)(void))getitems, METH_FASTCALL,
      "getitems(node, indices, table, getitem_op): ir.getitems in C."},
     {"param_leaf", (PyCFunction)param_leaf, METH_O, "ir.param_leaf in C."},
+    {"configure_tensor", (PyCFunction)configure_tensor, METH_VARARGS,
+     "configure_tensor(lazy_type, make_wrapper, out, device, me, lock, live_data, live_remove): what tensors need."},
+    {"configure_record", (PyCFunction)configure_record, METH_VARARGS,
+     "configure_record(entries, record, recorded, fn_kind, view_kind): what record() reads."},
+    {"new_tensor", (PyCFunction)(void (*)(void))new_tensor, METH_FASTCALL, "tensor.new_tensor in C."},
+    {"new_view", (PyCFunction)(void (*)(void))new_view, METH_FASTCALL, "tensor.new_view in C."},
+    {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, "dispatch.record in C (its common cases)."},
     {"signature", (PyCFunction)(void (*)(void))signature, METH_FASTCALL,
      "signature(args, kwargs, info, scalars, dyn): signature.signature in C."},
     {NULL}
@@ -810,7 +1235,11 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__native(void)
 {
-    if (PyType_Ready(&NodeType) < 0)
+    if (PyType_Ready(&NodeType) < 0 || PyType_Ready(&StorageType) < 0)
+        return NULL;
+    empty_tuple = PyTuple_New(0);
+    wrapper_kwnames = Py_BuildValue("(sss)", "strides", "dtype", "device");
+    if (empty_tuple == NULL || wrapper_kwnames == NULL)
         return NULL;
     INTERN(s_CONS, "_CONS");
     INTERN(s_TAPE, "_TAPE");
@@ -828,12 +1257,35 @@ PyInit__native(void)
     INTERN(s_scalar_flags, "scalar_flags");
     INTERN(s_no_flags, "no_flags");
     INTERN(s_scalar_kw, "scalar_kw");
+    INTERN(s_owner, "owner");
+    INTERN(s_is_owned, "_is_owned");
+    INTERN(s_cls, "cls");
+    INTERN(s_vcache, "_vcache");
+    INTERN(s_seen, "_seen");
+    INTERN(s_info, "info");
+    INTERN(s_static_scalars, "static_scalars");
+    INTERN(s_entries, "entries");
+    INTERN(s_returns_list, "returns_list");
+    INTERN(s_kind, "kind");
+    INTERN(s_random, "random");
+    INTERN(s_outs, "outs");
+    INTERN(s_step, "step");
+    INTERN(s_key, "key");
+    INTERN(s_h, "h");
+    INTERN(s_fn, "fn");
+    INTERN(s_version, "version");
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     Py_INCREF(&NodeType);
     if (PyModule_AddObject(m, "Node", (PyObject *)&NodeType) < 0) {
         Py_DECREF(&NodeType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&StorageType);
+    if (PyModule_AddObject(m, "Storage", (PyObject *)&StorageType) < 0) {
+        Py_DECREF(&StorageType);
         Py_DECREF(m);
         return NULL;
     }

@@ -51,17 +51,21 @@ def record(op: Any, args: tuple, kwargs: dict) -> Any:
     st = _ENTRIES.get(id(op))
     if st is None:
         st = _ENTRIES[id(op)] = _Op(op)
-    info = st.info
-    scalars = not st.static_scalars
     dyn: list = []
-    sig = signature(args, kwargs, info, scalars, dyn)
+    sig = signature(args, kwargs, st.info, not st.static_scalars, dyn)
+    return _recorded(op, args, kwargs, st, sig, dyn)
+
+
+def _recorded(op: Any, args: tuple, kwargs: dict, st: _Op, sig: tuple, dyn: list) -> Any:
+    """:func:`record` after the call's signature ``sig`` and graph inputs ``dyn``."""
+    info = st.info
     entry = st.entries.get(sig)
     if entry is None:
         key = (op, sig)
         if info.out_kw:
             from xla_dtensor.core import out_variants
             return out_variants.run(op, info, args, kwargs)
-        entry = E.build(op, args, kwargs, info, key, scalars)
+        entry = E.build(op, args, kwargs, info, key, not st.static_scalars)
         if entry is None:  # the lowering wants Python scalars: record with static scalars
             st.static_scalars = True
             return record(op, args, kwargs)
@@ -168,6 +172,13 @@ def _shared_items(args: tuple, kwargs: dict, n: int, written: list[int], values:
     pos = {i: k for k, i in enumerate(written)}
     return [values[pos.get(at[i], k)] for k, i in enumerate(written)]
 
+
+# The common cases of record in C (core.native): a known signature with one output, a plain op or a view.
+from xla_dtensor.core import native as _native  # noqa: E402
+
+if _native.ON:
+    _native.MODULE.configure_record(_ENTRIES, record, _recorded, E.FN, E.VIEW)
+    record = _native.MODULE.record  # noqa: F811
 
 # NOTE: at the end: at_once imports the executor, which imports the tensor module that imports this one
 from xla_dtensor.core import at_once  # noqa: E402

@@ -333,5 +333,15 @@ def write(t: LazyTensor, value: Node, owner: int = 0) -> None:
         s.version += 1
 
 
+# The same storage type and output tensors in C (core.native), chosen once at import (before dispatch
+# imports them).
+from xla_dtensor.core import native as _native  # noqa: E402
+
+if _native.ON:
+    _native.MODULE.configure_tensor(LazyTensor, _new, OUT, _DEVICE, _me, _LOCK, LIVE.data, _LIVE_REMOVE)
+    Storage = _native.MODULE.Storage  # type: ignore[misc]  # noqa: F811
+    new_tensor = _native.MODULE.new_tensor  # noqa: F811
+    new_view = _native.MODULE.new_view  # noqa: F811
+
 # NOTE: at the end: dispatch imports this module (a function-level import here cost ~0.5 us per op)
 from xla_dtensor.core import dispatch as _dispatch_mod  # noqa: E402
