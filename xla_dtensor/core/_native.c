@@ -1203,6 +1203,190 @@ done:
     return res;
 }
 
+/* ---------------------------------------------------------------- dispatch, __torch_dispatch__ */
+
+static PyObject *special_by_id;  /* dispatch.SPECIAL.by_id: id(op) -> handler(op, args, kwargs) */
+static PyObject *compute_now;    /* at_once.compute_now (eager mode) */
+static PyObject *enter_fn;       /* threads.enter: the owner of an op entering the core */
+static PyObject *on_error;       /* tensor._dispatch_error(op, args, kwargs, error): re-raise, or a poisoned result */
+static PyObject *this_thread;    /* threads._THIS (a threading.local) */
+static PyObject *s_kind_attr, *s_ident, *s_modes, *s_eager_state, *s_acquire, *s_release;
+static long user_kind;           /* threads._USER */
+
+/* configure_dispatch(special_by_id, compute_now, enter, on_error, this_thread, user_kind) */
+static PyObject *
+configure_dispatch(PyObject *self, PyObject *args)
+{
+    PyObject *sp, *cn, *en, *oe, *th;
+    long uk;
+    if (!PyArg_ParseTuple(args, "O!OOOOl", &PyDict_Type, &sp, &cn, &en, &oe, &th, &uk))
+        return NULL;
+    Py_XSETREF(special_by_id, Py_NewRef(sp));
+    Py_XSETREF(compute_now, Py_NewRef(cn));
+    Py_XSETREF(enter_fn, Py_NewRef(en));
+    Py_XSETREF(on_error, Py_NewRef(oe));
+    Py_XSETREF(this_thread, Py_NewRef(th));
+    user_kind = uk;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+dispatch_c(PyObject *op, PyObject *args, PyObject *kwargs)
+{
+    PyObject *id = PyLong_FromVoidPtr(op);
+    if (id == NULL)
+        return NULL;
+    PyObject *special = PyDict_GetItemWithError(special_by_id, id);
+    Py_DECREF(id);
+    if (special == NULL && PyErr_Occurred())
+        return NULL;
+    PyObject *call[4] = {op, args, kwargs, NULL};
+    PyObject *res = special != NULL ? PyObject_Vectorcall(special, call, 3, NULL) : record(NULL, call, 3);
+    if (res == NULL)
+        return NULL;
+    int cons = consing();
+    if (cons != 0) {  /* NOTE: off exactly while the op runs at once (eager mode, not tracing for compile) */
+        if (cons < 0)
+            Py_CLEAR(res);
+        return res;
+    }
+    call[3] = res;
+    PyObject *out = PyObject_Vectorcall(compute_now, call, 4, NULL);
+    Py_DECREF(res);
+    return out;
+}
+
+static int
+dispatch_configured(void)
+{
+    if (special_by_id == NULL || entries_by_id == NULL || make_wrapper == NULL || !signature_configured()) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "dispatch used before the core configured xla_dtensor.core._native");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *
+dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "dispatch(op, args, kwargs)");
+        return NULL;
+    }
+    return dispatch_configured() ? dispatch_c(args[0], args[1], args[2]) : NULL;
+}
+
+/* threads.enter(args), without its frame for a thread Python started, in lazy mode everywhere */
+static PyObject *
+enter(PyObject *args)
+{
+    PyObject *kind = PyObject_GetAttr(this_thread, s_kind_attr);
+    if (kind == NULL)
+        return NULL;
+    long k = PyLong_AsLong(kind);
+    Py_DECREF(kind);
+    if (k == -1 && PyErr_Occurred())
+        return NULL;
+    if (k == user_kind) {
+        PyObject *modes = PyObject_GetAttr(state, s_modes), *eager = PyObject_GetAttr(state, s_eager_state);
+        int lazy = modes != NULL && eager != NULL && PyObject_IsTrue(modes) == 0 && eager == Py_None;
+        Py_XDECREF(modes);
+        Py_XDECREF(eager);
+        if (PyErr_Occurred())
+            return NULL;
+        if (lazy)
+            return PyObject_GetAttr(this_thread, s_ident);
+    }
+    return PyObject_CallOneArg(enter_fn, args);
+}
+
+/* LazyTensor.__torch_dispatch__(cls, func, types, args=(), kwargs=None): hold the core's lock, set the
+ * op's owner when entering the core, dispatch; an error inside a backward becomes a poisoned result */
+static PyObject *
+torch_dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *func = NULL, *cargs = empty_tuple, *kwargs = Py_None;
+    Py_ssize_t nk = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs < 3 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError, "__torch_dispatch__(cls, func, types, args=(), kwargs=None)");
+        return NULL;
+    }
+    func = args[1];
+    if (nargs > 3)
+        cargs = args[3];
+    if (nargs > 4)
+        kwargs = args[4];
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, i));
+        if (name == NULL)
+            return NULL;
+        if (strcmp(name, "args") == 0)
+            cargs = args[nargs + i];
+        else if (strcmp(name, "kwargs") == 0)
+            kwargs = args[nargs + i];
+        else {
+            PyErr_Format(PyExc_TypeError, "__torch_dispatch__() got an unexpected keyword argument '%s'", name);
+            return NULL;
+        }
+    }
+    if (!PyTuple_Check(cargs)) {
+        PyErr_Format(PyExc_TypeError, "__torch_dispatch__: args must be a tuple, got %.100s", Py_TYPE(cargs)->tp_name);
+        return NULL;
+    }
+    if (!dispatch_configured())
+        return NULL;
+    PyObject *kw = kwargs != Py_None && PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) ? Py_NewRef(kwargs) : PyDict_New();
+    if (kw == NULL)
+        return NULL;
+    PyObject *got = PyObject_CallMethodNoArgs(lock, s_acquire);
+    if (got == NULL) {
+        Py_DECREF(kw);
+        return NULL;
+    }
+    Py_DECREF(got);
+    PyObject *res = NULL;
+    PyObject *outer = PyObject_GetAttr(state, s_owner);
+    if (outer != NULL) {
+        int inside = PyObject_IsTrue(outer);
+        PyObject *owner = inside ? NULL : enter(cargs);
+        if (inside < 0 || (!inside && (owner == NULL || PyObject_SetAttr(state, s_owner, owner) < 0))) {
+            Py_XDECREF(owner);
+        } else {
+            Py_XDECREF(owner);
+            res = dispatch_c(func, cargs, kw);
+            if (res == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
+                PyObject *tp, *val, *tb;
+                PyErr_Fetch(&tp, &val, &tb);
+                PyErr_NormalizeException(&tp, &val, &tb);
+                if (tb != NULL)
+                    PyException_SetTraceback(val, tb);
+                PyObject *call[4] = {func, cargs, kw, val};
+                res = PyObject_Vectorcall(on_error, call, 4, NULL);
+                Py_XDECREF(tp);
+                Py_XDECREF(val);
+                Py_XDECREF(tb);
+            }
+        }
+        /* STATE.owner = outer, whatever happened (keeping the error, if any) */
+        PyObject *tp, *val, *tb;
+        PyErr_Fetch(&tp, &val, &tb);
+        if (PyObject_SetAttr(state, s_owner, outer) < 0)
+            PyErr_WriteUnraisable(state);
+        PyErr_Restore(tp, val, tb);
+        Py_DECREF(outer);
+    }
+    PyObject *tp, *val, *tb;
+    PyErr_Fetch(&tp, &val, &tb);
+    PyObject *released = PyObject_CallMethodNoArgs(lock, s_release);
+    if (released == NULL)
+        PyErr_WriteUnraisable(lock);
+    Py_XDECREF(released);
+    PyErr_Restore(tp, val, tb);
+    Py_DECREF(kw);
+    return res;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
@@ -1221,6 +1405,11 @@ static PyMethodDef methods[] = {
     {"new_tensor", (PyCFunction)(void (*)(void))new_tensor, METH_FASTCALL, "tensor.new_tensor in C."},
     {"new_view", (PyCFunction)(void (*)(void))new_view, METH_FASTCALL, "tensor.new_view in C."},
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, "dispatch.record in C (its common cases)."},
+    {"configure_dispatch", (PyCFunction)configure_dispatch, METH_VARARGS,
+     "configure_dispatch(special_by_id, compute_now, enter, on_error, this_thread, user_kind)."},
+    {"dispatch", (PyCFunction)(void (*)(void))dispatch, METH_FASTCALL, "dispatch.dispatch in C."},
+    {"torch_dispatch", (PyCFunction)(void (*)(void))torch_dispatch, METH_FASTCALL | METH_KEYWORDS,
+     "LazyTensor.__torch_dispatch__ in C (wrap in classmethod)."},
     {"signature", (PyCFunction)(void (*)(void))signature, METH_FASTCALL,
      "signature(args, kwargs, info, scalars, dyn): signature.signature in C."},
     {NULL}
@@ -1274,6 +1463,12 @@ PyInit__native(void)
     INTERN(s_h, "h");
     INTERN(s_fn, "fn");
     INTERN(s_version, "version");
+    INTERN(s_kind_attr, "kind");
+    INTERN(s_ident, "ident");
+    INTERN(s_modes, "modes");
+    INTERN(s_eager_state, "eager_state");
+    INTERN(s_acquire, "acquire");
+    INTERN(s_release, "release");
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;

@@ -182,3 +182,10 @@ if _native.ON:
 
 # NOTE: at the end: at_once imports the executor, which imports the tensor module that imports this one
 from xla_dtensor.core import at_once  # noqa: E402
+
+if _native.ON:  # the lazy tensor's __torch_dispatch__ and dispatch in C, with the same steps
+    from xla_dtensor.core import tensor as _tensor, threads as _threads
+    _native.MODULE.configure_dispatch(_SPECIAL, at_once.compute_now, _threads.enter, _tensor._dispatch_error,
+                                      _threads._THIS, _threads._USER)
+    dispatch = _native.MODULE.dispatch  # noqa: F811
+    LazyTensor.__torch_dispatch__ = classmethod(_native.MODULE.torch_dispatch)  # type: ignore[assignment]

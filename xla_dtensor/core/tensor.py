@@ -88,10 +88,7 @@ class LazyTensor(torch.Tensor):
             try:
                 return _dispatch_mod.dispatch(func, args, kwargs or {})
             except Exception as error:
-                from xla_dtensor.core import backward_errors
-                if not backward_errors.in_backward():
-                    raise
-                return backward_errors.poisoned_result(func, args, kwargs or {}, error)
+                return _dispatch_error(func, args, kwargs or {}, error)
             finally:
                 STATE.owner = outer
 
@@ -170,6 +167,15 @@ class LazyTensor(torch.Tensor):
     # NOTE: torch.distributed.checkpoint's tensor protocol (``__create_write_items__``,
     # ``__create_chunk_list__``, ``__get_tensor_shard__``) is installed on this class by
     # xla_dtensor._dcp_protocol, which ``import xla_dtensor`` loads.
+
+
+def _dispatch_error(func: Any, args: tuple, kwargs: dict, error: Exception) -> Any:
+    """``error`` raised by op ``func``: raised again, or inside a backward a poisoned result (see
+    :mod:`.backward_errors`)."""
+    from xla_dtensor.core import backward_errors
+    if not backward_errors.in_backward():
+        raise error
+    return backward_errors.poisoned_result(func, args, kwargs, error)
 
 
 class _FlatCtx(tuple):
