@@ -260,6 +260,9 @@ def topo_order(roots: list[Node]) -> list[Node]:
 # The same node type and functions in C (core.native), chosen once at import.
 from xla_dtensor.core import native as _native  # noqa: E402
 
+# The Python path's type and functions, kept for tests comparing the two paths.
+PYTHON = {"Node": Node, "make_node": make_node, "param_leaf": param_leaf, "getitems": getitems}
+
 if _native.ON:
     _c = _native.MODULE
     _c.configure_ir(globals(), STATE, metrics._COUNTS)

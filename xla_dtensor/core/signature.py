@@ -175,6 +175,8 @@ def fill(t: Any, vals: tuple) -> Any:
 # The same signature in C (core.native), chosen once at import.
 from xla_dtensor.core import native as _native  # noqa: E402
 
+PYTHON = {"signature": signature}  # the Python path's, kept for tests comparing the two paths
+
 if _native.ON:
     _native.MODULE.configure_signature(LazyTensor, _SUBCLASSES, value_of, _arg, _PTYPE)
     signature = _native.MODULE.signature  # noqa: F811

@@ -343,6 +343,8 @@ def write(t: LazyTensor, value: Node, owner: int = 0) -> None:
 # imports them).
 from xla_dtensor.core import native as _native  # noqa: E402
 
+PYTHON = {"Storage": Storage, "new_tensor": new_tensor, "new_view": new_view}  # for tests comparing the paths
+
 if _native.ON:
     _native.MODULE.configure_tensor(LazyTensor, _new, OUT, _DEVICE, _me, _LOCK, LIVE.data, _LIVE_REMOVE)
     Storage = _native.MODULE.Storage  # type: ignore[misc]  # noqa: F811

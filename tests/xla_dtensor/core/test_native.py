@@ -1,0 +1,301 @@
+"""The recorder's hot path in C (``xla_dtensor/core/_native.c``) against its Python reference.
+
+Oracles: the Python functions the C replaces (``ir.PYTHON``, ``signature.PYTHON``,
+``tensor.PYTHON``), called on the same inputs; and, end to end, the same training run in a
+fresh process with ``XLA_DTENSOR_NATIVE=0`` (the Python path) and without it: the losses match
+torch CPU and each other, and the counters of recorded ops, hash-cons hits, compiles and
+reused plans are equal, on one device, DP, 2x4 Megatron, FSDP, AUTO and transformers' GPT-2.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+
+import xla_dtensor
+from xla_dtensor import metrics
+from xla_dtensor.core import ir, native, signature as S, tensor as T, threads
+from xla_dtensor.core.state import STATE
+from tests._parallel import Results
+
+ROOT = Path(__file__).resolve().parents[3]
+needs_native = pytest.mark.skipif(not native.ON, reason=f"the C recorder is not in use: {native.REASON}")
+
+
+def test_the_dev_install_builds_the_c_recorder():
+    """CI and ``dev.py`` install with the extension: the Python path there would be a silent fallback."""
+    if os.environ.get("XLA_DTENSOR_NATIVE") == "0":
+        pytest.skip("XLA_DTENSOR_NATIVE=0 chooses the Python path")
+    assert native.ON, native.REASON
+    assert type(ir.Node(ir.DATA, 1, (), 1, None)).__module__ == "xla_dtensor.core._native"
+
+
+# ---------------------------------------------------------------- nodes, hash-consing, the tape
+
+@needs_native
+def test_node_has_the_reference_fields_and_behaviour():
+    leaf = ir.Node(ir.DATA, ("k",), (), -5, None, "arr")
+    op = ir.Node("add", ("add",), (leaf, leaf), 77, len)
+    assert (leaf.op, leaf.key, leaf.inputs, leaf.hash, leaf.fn, leaf.data, leaf.sharding, leaf.tix) == \
+        (ir.DATA, ("k",), (), -5, None, "arr", None, -1)
+    assert leaf.is_leaf and not op.is_leaf and op.seq > leaf.seq
+    assert repr(leaf) == "Node(data, leaf, hash=fffffffb)" and repr(op) == "Node(add, 2 inputs, hash=0000004d)"
+    op.sharding, op.tix, op.data = "s", 12, 3
+    assert (op.sharding, op.tix, op.data) == ("s", 12, 3)
+    with pytest.raises(AttributeError):
+        op.key = 1
+    with pytest.raises(TypeError, match="inputs must be a tuple"):
+        ir.Node("x", 1, [leaf], 1, None)
+    with pytest.raises(TypeError, match="5 or 6 arguments"):
+        ir.Node("x", 1)
+    ref = weakref.ref(op)
+    del op
+    gc.collect()
+    assert ref() is None
+
+
+@needs_native
+def test_a_node_cycle_is_collected_and_a_long_chain_frees_without_recursing():
+    a = ir.Node("a", 1, (), 1, None)
+    a.data = [a]  # a cycle through the data field
+    ref = weakref.ref(a)
+    del a
+    gc.collect()
+    assert ref() is None
+    x = ir.Node(ir.DATA, 1, (), 1, None)
+    for _ in range(300_000):  # deeper than the C stack if freed recursively
+        x = ir.Node("neg", 1, (x,), 1, abs)
+    del x
+
+
+def _fields(n) -> tuple:
+    return (n.op, n.key, n.hash, n.fn, n.data, len(n.inputs))
+
+
+@needs_native
+@pytest.mark.parametrize("consing", [True, False], ids=["lazy", "eager"])
+def test_make_node_and_getitems_match_python(consing, monkeypatch):
+    monkeypatch.setattr(STATE, "consing", consing)
+    leaf = ir.data_leaf(object(), (2,), torch.float32)
+    made = {}
+    for impl in ("native", "python"):
+        make = ir.make_node if impl == "native" else ir.PYTHON["make_node"]
+        items = ir.getitems if impl == "native" else ir.PYTHON["getitems"]
+        before = dict(metrics.counters())
+        ir.clear_cons()
+        a = make("op", ("op", 1), hash(("op", 1)), (leaf, leaf), len)
+        b = make("op", ("op", 1), hash(("op", 1)), (leaf, leaf), len)  # the same: one node while consing
+        c = make("op", ("op", 2), hash(("op", 1)), (leaf, leaf), len)  # equal hash, another key: a new node
+        g = items(a, [2, 0])
+        g2 = items(a, range(3))
+        tape, base = ir.recorded()
+        after = metrics.counters()
+        made[impl] = ([_fields(n) for n in (a, b, c, *g, *g2)], a is b, g[1] is g2[0], g[0] is g2[2],
+                      [n.tix - base for n in tape], [_fields(n) for n in tape],
+                      {k: after[k] - before[k] for k in ("ops_recorded", "hash_cons_hits")})
+    assert made["native"] == made["python"]
+    assert made["native"][1] is consing
+
+
+@needs_native
+def test_param_leaf_matches_python():
+    ir.clear_cons()
+    for v in (3, 2.5, 1j, -(2 ** 70)):
+        c, p = ir.param_leaf(v), ir.PYTHON["param_leaf"](v)
+        assert _fields(c) == _fields(p) and c.data is v
+    tape, base = ir.recorded()
+    assert [n.tix - base for n in tape] == list(range(8))
+    with pytest.raises(TypeError, match="int, float or complex, got str"):
+        ir.param_leaf("3")
+
+
+# ---------------------------------------------------------------- signatures
+
+def _dyn_fields(dyn: list) -> list:
+    return [(n.op, n.key, n.hash, n.data if n.op == ir.PARAM else id(n)) for n in dyn]
+
+
+@needs_native
+def test_signature_matches_python_on_every_kind_of_argument():
+    dev = xla_dtensor.device()
+    x = torch.ones(4, 3, device=dev)
+    view = x.t()[1]
+    roots = [torch.full((2,), float(i), device=dev) for i in range(10)]
+    info = S.op_info(torch.ops.aten.add.Tensor)
+    cases = [
+        ((x, x), {}),
+        ((x, 2.5), {"alpha": 3}),
+        ((x, 0), {"alpha": 1.0}),
+        ((x, 1), {"alpha": 2 ** 80}),
+        ((view, 1j), {}),
+        ((x, True, None, "s", torch.float16, torch.device("cpu")), {}),
+        ((roots, [x, 2.0, [view, 0.5]]), {"out": None}),
+        ((x, torch.tensor(2.0)), {}),  # a 0-d CPU tensor: a transfer leaf
+    ]
+    for args, kwargs in cases:
+        for scalars in (True, False):
+            dc, dp = [], []
+            ir.clear_cons()
+            kc = S.signature(args, kwargs, info, scalars, dc)
+            kp = S.PYTHON["signature"](args, kwargs, info, scalars, dp)
+            assert kc == kp, (args, kwargs, scalars)
+            if any(isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in args):
+                assert [n.op for n in dc] == [n.op for n in dp]
+            else:
+                assert _dyn_fields(dc) == _dyn_fields(dp)
+    with pytest.raises(S.MixedDeviceError, match="jax:0 and cpu"):
+        S.signature((x, torch.ones(3)), {}, info, True, [])
+
+
+# ---------------------------------------------------------------- storages, output tensors, dispatch
+
+@needs_native
+def test_storage_and_output_tensors_match_python():
+    dev = xla_dtensor.device()
+    base = torch.arange(6.0, device=dev).reshape(2, 3)
+    leaf = T.value_of(base)
+    meta = ((2, 3), torch.float32, (3, 1))
+    with threads.held():
+        c, p = T.new_tensor(meta, leaf), T.PYTHON["new_tensor"](meta, leaf)
+        vc = T.new_view(meta, T.storage_of(base), ("step",), leaf)
+        vp = T.PYTHON["new_view"](meta, T.storage_of(base), ("step",), leaf)
+    for t in (c, p):
+        s = T.storage_of(t)
+        assert type(t) is T.LazyTensor and t.shape == (2, 3) and t.stride() == (3, 1) and t.device == dev
+        assert (s.value, s.meta, s.version, s.donor, s.layout, s.owner) == (leaf, meta, 0, None, None, threads.me())
+        assert s in T.live() and T.chain_of(t) == ()
+    assert T.storage_of(c).seq > T.storage_of(base).seq
+    for v in (vc, vp):
+        assert T.storage_of(v) is T.storage_of(base) and T.chain_of(v) == ("step",) and v._seen == 0
+    s = T.storage_of(c)
+    s.version += 1
+    s.owner, s.donor = 5, 7
+    assert (s.version, s.owner, s.donor) == (1, 5, 7)
+    ref = weakref.ref(s)
+    del c, s
+    gc.collect()
+    assert ref() is None
+
+
+@needs_native
+def test_an_op_error_propagates_and_leaves_the_core_unlocked():
+    dev = xla_dtensor.device()
+    a, b = torch.ones(3, device=dev), torch.ones(4, device=dev)
+    with pytest.raises(RuntimeError, match=r"size of tensor a \(3\) must match the size of tensor b \(4\)"):
+        a + b
+    assert STATE.owner == 0 and not threads.LOCK._is_owned()
+    assert (a * 2 + 1).tolist() == [3.0, 3.0, 3.0]
+
+
+# ---------------------------------------------------------------- the two paths end to end
+
+_SCRIPT = textwrap.dedent('''
+    import json, os, sys, warnings
+    sys.path.insert(0, {root!r})
+    warnings.simplefilter("ignore")
+    from benchmarks.models.torchvision_shim import install
+    install()  # transformers imports torchvision, whose C++ ops do not load on CPU torch
+    import torch, torch.nn.functional as F
+    import xla_dtensor
+    from xla_dtensor import metrics
+    from xla_dtensor.core import native
+    from tests._train import sharded_mlp, train
+    dev = xla_dtensor.device()
+    batches = [(torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(s)),
+                torch.randn(4, 8, 8, generator=torch.Generator().manual_seed(s + 50))) for s in range(3)]
+    out = {{"native": native.ON}}
+
+    def mlp():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+
+    def gpt2():
+        from transformers import GPT2Config, GPT2LMHeadModel
+        torch.manual_seed(0)
+        cfg = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
+                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        return GPT2LMHeadModel(cfg)
+
+    ids = [(torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(s)),) for s in range(3)]
+    for mode in {modes!r}:
+        c0 = metrics.counters()
+        if mode == "hf-gpt2":
+            model = gpt2().to(dev)
+            losses = train(lambda i: model(input_ids=i, labels=i).loss, ids,
+                           torch.optim.AdamW(model.parameters(), lr=1e-2), put=lambda t: t.to(dev),
+                           sync=xla_dtensor.sync)
+        elif mode == "cpu-hf-gpt2":
+            model = gpt2()
+            losses = train(lambda i: model(input_ids=i, labels=i).loss, ids, torch.optim.AdamW(model.parameters(), lr=1e-2))
+        elif mode == "cpu":
+            model = mlp()
+            losses = train(lambda x, y: F.mse_loss(model(x), y), batches, torch.optim.AdamW(model.parameters(), lr=1e-2))
+        else:
+            model = mlp()
+            model, put = (model.to(dev), lambda t: t.to(dev)) if mode == "one" else sharded_mlp(mode, model, dev)
+            losses = train(lambda x, y: F.mse_loss(model(x), y), batches,
+                           torch.optim.AdamW(model.parameters(), lr=1e-2), put=put, sync=xla_dtensor.sync)
+        c1 = metrics.counters()
+        out[mode] = {{"losses": losses, "counts": {{k: c1[k] - c0[k] for k in
+                     ("ops_recorded", "hash_cons_hits", "compiles", "plans_reused")}}}}
+    print(json.dumps(out))
+''')
+MODES = ["cpu", "cpu-hf-gpt2", "one", "dp", "megatron", "fsdp", "auto", "hf-gpt2"]
+
+
+def _run(native_on: bool) -> dict:
+    env = {**os.environ, "PYTHONHASHSEED": "0", "XLA_DTENSOR_NATIVE": "1" if native_on else "0"}
+    script = _SCRIPT.format(root=str(ROOT), modes=MODES if native_on else MODES[2:])
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def runs() -> Results:
+    return Results(_run, [True, False])
+
+
+@needs_native
+@pytest.mark.parametrize("mode", MODES[2:])
+def test_both_paths_train_like_cpu_and_record_the_same(mode, runs):
+    c, p = runs[True], runs[False]
+    assert c["native"] and not p["native"]
+    cpu = c["cpu-hf-gpt2" if mode == "hf-gpt2" else "cpu"]["losses"]
+    torch.testing.assert_close(torch.tensor(c[mode]["losses"]), torch.tensor(cpu), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(c[mode]["losses"]), torch.tensor(p[mode]["losses"]), rtol=1e-6, atol=0)
+    assert c[mode]["counts"] == p[mode]["counts"]
+    assert c[mode]["counts"]["ops_recorded"] > 0
+
+
+def test_a_missing_build_warns_and_records_in_python():
+    code = textwrap.dedent(f'''
+        import sys, warnings
+        sys.path.insert(0, {str(ROOT)!r})
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name == "xla_dtensor.core._native":
+                    raise ImportError("no compiler here")
+        sys.meta_path.insert(0, Block())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import torch, xla_dtensor
+        from xla_dtensor.core import native, ir
+        x = torch.ones(3, device=xla_dtensor.device()) * 2.5
+        print(native.ON, type(ir.Node(ir.DATA, 1, (), 1, None)).__module__, x.tolist())
+        print([str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)])
+    ''')
+    env = {k: v for k, v in os.environ.items() if k != "XLA_DTENSOR_NATIVE"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, warned = proc.stdout.strip().splitlines()[-2:]
+    assert first == "False xla_dtensor.core.ir [2.5, 2.5, 2.5]"
+    assert "xla_dtensor.core._native is not built (no compiler here)" in warned and "pip install -e ." in warned
