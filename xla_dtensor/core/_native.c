@@ -1062,22 +1062,50 @@ new_view(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return new_view_c(args[0], args[1], args[2], args[3]);
 }
 
+/* alias(op, args, kwargs): the special handler of detach/alias/lift_fresh (special._alias): a view of
+ * args[0] with its storage, chain and value */
+static PyObject *
+alias(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) < 1) {
+        PyErr_SetString(PyExc_TypeError, "alias(op, (tensor, ...), kwargs)");
+        return NULL;
+    }
+    if (make_wrapper == NULL || !signature_configured())
+        return NULL;
+    PyObject *t = PyTuple_GET_ITEM(args[1], 0);
+    PyObject *one = PyList_New(0);
+    if (one == NULL)
+        return NULL;
+    PyObject *meta = NULL, *storage = NULL, *chain = NULL, *res = NULL;
+    if (lazy_value(t, one) == 0 && (meta = PyObject_GetAttr(t, s_meta)) != NULL &&
+        (storage = PyObject_GetAttr(t, s_storage)) != NULL && (chain = PyObject_GetAttr(t, s_chain)) != NULL)
+        res = new_view_c(meta, storage, chain, PyList_GET_ITEM(one, 0));
+    Py_DECREF(one);
+    Py_XDECREF(meta);
+    Py_XDECREF(storage);
+    Py_XDECREF(chain);
+    return res;
+}
+
 /* ---------------------------------------------------------------- record */
 
 static PyObject *entries_by_id;  /* dispatch._ENTRIES: id(op) -> _Op */
 static PyObject *record_py;      /* dispatch.record's Python path (a new op) */
 static PyObject *recorded_py;    /* dispatch._recorded: the rest after the signature */
+static PyObject *getitems_py;    /* ir.getitems(node, indices) */
 static PyObject *kind_fn, *kind_view;
 static PyObject *s_info, *s_static_scalars, *s_entries, *s_returns_list, *s_kind, *s_random, *s_outs, *s_step,
     *s_key, *s_h, *s_fn;
 
-/* configure_record(entries, record, recorded, fn_kind, view_kind) */
+/* configure_record(entries, record, recorded, fn_kind, view_kind, getitems) */
 static PyObject *
 configure_record(PyObject *self, PyObject *args)
 {
-    PyObject *e, *r, *rd, *kf, *kv;
-    if (!PyArg_ParseTuple(args, "O!OOOO", &PyDict_Type, &e, &r, &rd, &kf, &kv))
+    PyObject *e, *r, *rd, *kf, *kv, *gi;
+    if (!PyArg_ParseTuple(args, "O!OOOOO", &PyDict_Type, &e, &r, &rd, &kf, &kv, &gi))
         return NULL;
+    Py_XSETREF(getitems_py, Py_NewRef(gi));
     Py_XSETREF(entries_by_id, Py_NewRef(e));
     Py_XSETREF(record_py, Py_NewRef(r));
     Py_XSETREF(recorded_py, Py_NewRef(rd));
@@ -1102,6 +1130,58 @@ entry_node(PyObject *op, PyObject *e, PyObject *dyn)
     Py_XDECREF(fn);
     Py_XDECREF(inputs);
     return node;
+}
+
+/* the tuple (or list) of tensors of entry e's outputs (metas outs; None: no tensor), as dispatch._wrap_many */
+static PyObject *
+many_outputs(PyObject *op, PyObject *e, PyObject *dyn, PyObject *outs, int listed)
+{
+    Py_ssize_t n = PyList_GET_SIZE(outs);
+    PyObject *node = entry_node(op, e, dyn);
+    if (node == NULL)
+        return NULL;
+    PyObject *idx = PyList_New(0), *res = NULL, *items = NULL;
+    if (idx == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyList_GET_ITEM(outs, i) == Py_None)
+            continue;
+        PyObject *k = PyLong_FromSsize_t(i);
+        if (k == NULL || PyList_Append(idx, k) < 0) {
+            Py_XDECREF(k);
+            goto done;
+        }
+        Py_DECREF(k);
+    }
+    {
+        PyObject *call[2] = {node, idx};
+        items = PyObject_Vectorcall(getitems_py, call, 2, NULL);
+    }
+    if (items == NULL || !PyList_Check(items) || PyList_GET_SIZE(items) != PyList_GET_SIZE(idx)) {
+        if (items != NULL && !PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "getitems returned the wrong number of nodes");
+        goto done;
+    }
+    res = PyTuple_New(n);
+    if (res == NULL)
+        goto done;
+    for (Py_ssize_t i = 0, j = 0; i < n; i++) {
+        PyObject *meta = PyList_GET_ITEM(outs, i);
+        PyObject *t = meta == Py_None ? Py_NewRef(Py_None) : new_tensor_c(meta, PyList_GET_ITEM(items, j++));
+        if (t == NULL) {
+            Py_CLEAR(res);
+            goto done;
+        }
+        PyTuple_SET_ITEM(res, i, t);
+    }
+    if (listed) {
+        Py_SETREF(res, PySequence_List(res));
+    }
+done:
+    Py_DECREF(node);
+    Py_XDECREF(idx);
+    Py_XDECREF(items);
+    return res;
 }
 
 /* record(op, args, kwargs): dispatch.record; the common cases (one output of a known signature: a
@@ -1149,13 +1229,18 @@ record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         int fast = kind != NULL && rnd == Py_False && outs != NULL && PyList_Check(outs) &&
                    PyList_GET_SIZE(outs) == 1 && PyList_GET_ITEM(outs, 0) != Py_None && listed == Py_False &&
                    (kind == kind_fn || kind == kind_view);
+        if (!fast && kind == kind_fn && rnd == Py_False && outs != NULL && PyList_Check(outs) &&
+            (PyList_GET_SIZE(outs) > 1 || listed == Py_True)) {  /* a tuple or list: a getitem node and tensor each */
+            res = many_outputs(op, e, dyn, outs, listed == Py_True);
+            fast = 2;
+        }
         PyObject *step = NULL, *base = NULL;
         if (fast && kind == kind_view) {  /* a view of args[0], its step made already */
             step = PyObject_GetAttr(e, s_step);
             base = PyTuple_GET_SIZE(cargs) ? PyTuple_GET_ITEM(cargs, 0) : NULL;
             fast = step != NULL && step != Py_None && base != NULL && is_lazy(base) == 1;
         }
-        if (fast) {
+        if (fast == 1) {
             PyObject *meta = PyList_GET_ITEM(outs, 0);
             PyObject *node = entry_node(op, e, dyn);
             if (node != NULL && kind == kind_fn) {
@@ -1210,17 +1295,25 @@ static PyObject *compute_now;    /* at_once.compute_now (eager mode) */
 static PyObject *enter_fn;       /* threads.enter: the owner of an op entering the core */
 static PyObject *on_error;       /* tensor._dispatch_error(op, args, kwargs, error): re-raise, or a poisoned result */
 static PyObject *this_thread;    /* threads._THIS (a threading.local) */
+static PyObject *dispatch_globals;  /* dispatch.py's globals: its ``dispatch`` (this module's, unless replaced) */
+static PyObject *dispatch_self;     /* this module's dispatch function object */
+static PyObject *s_dispatch;
 static PyObject *s_kind_attr, *s_ident, *s_modes, *s_eager_state, *s_acquire, *s_release;
 static long user_kind;           /* threads._USER */
 
-/* configure_dispatch(special_by_id, compute_now, enter, on_error, this_thread, user_kind) */
+/* configure_dispatch(special_by_id, compute_now, enter, on_error, this_thread, user_kind, dispatch_globals) */
 static PyObject *
 configure_dispatch(PyObject *self, PyObject *args)
 {
-    PyObject *sp, *cn, *en, *oe, *th;
+    PyObject *sp, *cn, *en, *oe, *th, *dg;
     long uk;
-    if (!PyArg_ParseTuple(args, "O!OOOOl", &PyDict_Type, &sp, &cn, &en, &oe, &th, &uk))
+    if (!PyArg_ParseTuple(args, "O!OOOOlO!", &PyDict_Type, &sp, &cn, &en, &oe, &th, &uk, &PyDict_Type, &dg))
         return NULL;
+    PyObject *me = PyObject_GetAttrString(self, "dispatch");
+    if (me == NULL)
+        return NULL;
+    Py_XSETREF(dispatch_self, me);
+    Py_XSETREF(dispatch_globals, Py_NewRef(dg));
     Py_XSETREF(special_by_id, Py_NewRef(sp));
     Py_XSETREF(compute_now, Py_NewRef(cn));
     Py_XSETREF(enter_fn, Py_NewRef(en));
@@ -1354,7 +1447,16 @@ torch_dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
             Py_XDECREF(owner);
         } else {
             Py_XDECREF(owner);
-            res = dispatch_c(func, cargs, kw);
+            /* dispatch.dispatch, as the Python path calls it (a test or a tool may have replaced it) */
+            PyObject *fn = PyDict_GetItemWithError(dispatch_globals, s_dispatch);
+            if (fn == dispatch_self) {
+                res = dispatch_c(func, cargs, kw);
+            } else if (fn != NULL) {
+                PyObject *call[3] = {func, cargs, kw};
+                res = PyObject_Vectorcall(fn, call, 3, NULL);
+            } else if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_RuntimeError, "xla_dtensor.core.dispatch has no dispatch");
+            }
             if (res == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
                 PyObject *tp, *val, *tb;
                 PyErr_Fetch(&tp, &val, &tb);
@@ -1401,12 +1503,13 @@ static PyMethodDef methods[] = {
     {"configure_tensor", (PyCFunction)configure_tensor, METH_VARARGS,
      "configure_tensor(lazy_type, make_wrapper, out, device, me, lock, live_data, live_remove): what tensors need."},
     {"configure_record", (PyCFunction)configure_record, METH_VARARGS,
-     "configure_record(entries, record, recorded, fn_kind, view_kind): what record() reads."},
+     "configure_record(entries, record, recorded, fn_kind, view_kind, getitems): what record() reads."},
+    {"alias", (PyCFunction)(void (*)(void))alias, METH_FASTCALL, "special._alias in C (detach, alias, lift_fresh)."},
     {"new_tensor", (PyCFunction)(void (*)(void))new_tensor, METH_FASTCALL, "tensor.new_tensor in C."},
     {"new_view", (PyCFunction)(void (*)(void))new_view, METH_FASTCALL, "tensor.new_view in C."},
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, "dispatch.record in C (its common cases)."},
     {"configure_dispatch", (PyCFunction)configure_dispatch, METH_VARARGS,
-     "configure_dispatch(special_by_id, compute_now, enter, on_error, this_thread, user_kind)."},
+     "configure_dispatch(special_by_id, compute_now, enter, on_error, this_thread, user_kind, dispatch_globals)."},
     {"dispatch", (PyCFunction)(void (*)(void))dispatch, METH_FASTCALL, "dispatch.dispatch in C."},
     {"torch_dispatch", (PyCFunction)(void (*)(void))torch_dispatch, METH_FASTCALL | METH_KEYWORDS,
      "LazyTensor.__torch_dispatch__ in C (wrap in classmethod)."},
@@ -1469,6 +1572,7 @@ PyInit__native(void)
     INTERN(s_eager_state, "eager_state");
     INTERN(s_acquire, "acquire");
     INTERN(s_release, "release");
+    INTERN(s_dispatch, "dispatch");
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;

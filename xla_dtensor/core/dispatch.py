@@ -173,11 +173,12 @@ def _shared_items(args: tuple, kwargs: dict, n: int, written: list[int], values:
     return [values[pos.get(at[i], k)] for k, i in enumerate(written)]
 
 
-# The common cases of record in C (core.native): a known signature with one output, a plain op or a view.
+# The common cases of record in C (core.native): a known signature of a plain op (its outputs a tensor or a
+# tuple of tensors) or of a view with one output.
 from xla_dtensor.core import native as _native  # noqa: E402
 
 if _native.ON:
-    _native.MODULE.configure_record(_ENTRIES, record, _recorded, E.FN, E.VIEW)
+    _native.MODULE.configure_record(_ENTRIES, record, _recorded, E.FN, E.VIEW, getitems)
     record = _native.MODULE.record  # noqa: F811
 
 # NOTE: at the end: at_once imports the executor, which imports the tensor module that imports this one
@@ -186,6 +187,6 @@ from xla_dtensor.core import at_once  # noqa: E402
 if _native.ON:  # the lazy tensor's __torch_dispatch__ and dispatch in C, with the same steps
     from xla_dtensor.core import tensor as _tensor, threads as _threads
     _native.MODULE.configure_dispatch(_SPECIAL, at_once.compute_now, _threads.enter, _tensor._dispatch_error,
-                                      _threads._THIS, _threads._USER)
+                                      _threads._THIS, _threads._USER, globals())
     dispatch = _native.MODULE.dispatch  # noqa: F811
     LazyTensor.__torch_dispatch__ = classmethod(_native.MODULE.torch_dispatch)  # type: ignore[assignment]

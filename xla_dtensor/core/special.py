@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import torch
 from torch.library import Library
 
+from xla_dtensor.core import native as _native
 from xla_dtensor.core.dispatch import SPECIAL, dispatch, record
 from xla_dtensor.core.dtypes import supported, to_jax
 from xla_dtensor.core.executor import to_cpu, to_device
@@ -65,6 +66,10 @@ def _to_copy(op: Any, args: tuple, kwargs: dict) -> Any:
 def _alias(op: Any, args: tuple, kwargs: dict) -> Any:
     t = args[0]
     return new_view(t._meta, t._storage, t._chain, value_of(t))
+
+
+if _native.ON:  # the same in C: torch's AccumulateGrad detaches every gradient in every backward
+    _alias = _native.MODULE.alias  # noqa: F811
 
 
 def _item(op: Any, args: tuple, kwargs: dict) -> Any:
