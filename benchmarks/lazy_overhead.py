@@ -14,6 +14,8 @@ medians of 10 steps:
   optimizer, sync) for both cases. Overlap: the back-to-back step wall time next to the
   host wall time (until ``sync()`` returns) plus the device time (the same step with a
   ``wait()`` after ``sync()``: the wait's wall time).
+* ``lazy_python``: the lazy case recording with the Python reference instead of the C hot path
+  (``XLA_DTENSOR_NATIVE=0``, see ``xla_dtensor/core/native.py``).
 * ``lazy_engine``: the lazy case with ``config.backward_on_caller = False``: torch runs the
   backward on its autograd device thread, whose CPU time is added to the calling thread's.
 * ``lazy_tp`` / ``lazy_auto``: the lazy case on 8 devices, 2x4 Megatron (``mark_sharding`` on
@@ -24,8 +26,12 @@ medians of 10 steps:
   hashing, output tensors, autograd and modules (everything outside our dispatch), the
   sync walk, ...). The profiler inflates Python-heavy parts; the shares are what matter.
 
-The torch, lazy and lazy_engine cases run in turn ``--rounds`` times (3): the table gives the median
-round of each and the median of the rounds' ratios (the machine's speed drifts over minutes).
+The torch, lazy, lazy_engine and lazy_python cases run in turn ``--rounds`` times (3): the table
+gives the median round of each and the median of the rounds' ratios (the machine's speed drifts
+over minutes). The lazy cases also time single ops (:func:`_per_op`): ``torch.add`` and
+``torch.mm`` of small tensors on the device, next to the same ops through a Python
+``__torch_dispatch__`` that only returns a new wrapper tensor (the floor of any Python
+subclass) and on torch's CPU kernels.
 
 Usage: PYTHONPATH=. python benchmarks/lazy_overhead.py [--opt adamw|sgd] [--label after]
 [--steps 10] [--rounds 3] [--no-save]
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -143,6 +150,35 @@ def _setup_sharded(row: str, opt_name: str) -> tuple[Any, Any, Any]:
     return model, opt, (xd, yd)
 
 
+def _per_op(dev: Any, n: int = 2000, reps: int = 7) -> dict:
+    """The fastest of ``reps`` loops of ``n`` ops, calling-thread CPU us per op (no sync inside)."""
+    import torch
+
+    class Floor(torch.Tensor):  # returns a new wrapper: torch's dispatch into Python and the wrapper, no work
+        __torch_function__ = torch._C._disabled_torch_function_impl
+
+        @classmethod
+        def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+            return torch.Tensor._make_wrapper_subclass(cls, (4, 8), strides=(8, 1), dtype=torch.float32, device=dev)
+
+    lazy = torch.randn(4, 8, device=dev), torch.randn(8, 8, device=dev)
+    cpu = torch.randn(4, 8), torch.randn(8, 8)
+    floor = tuple(torch.Tensor._make_wrapper_subclass(Floor, t.shape, dtype=torch.float32, device=dev) for t in cpu)
+    out = {}
+    for name, (x, w) in (("lazy", lazy), ("python floor", floor), ("torch CPU", cpu)):
+        for op, f in (("add", lambda: torch.add(x, x)), ("mm", lambda: torch.mm(x, w))):
+            best = float("inf")
+            for _ in range(reps):
+                c0 = time.thread_time()
+                for _ in range(n):
+                    f()
+                best = min(best, time.thread_time() - c0)
+            out[f"{name} {op}"] = 1e6 * best / n
+    import xla_dtensor
+    xla_dtensor.sync()
+    return out
+
+
 def case_lazy(args: argparse.Namespace, layout: str = "one", backward_on_caller: bool = True) -> dict:
     import torch
     torch.set_num_threads(1)
@@ -182,7 +218,10 @@ def case_lazy(args: argparse.Namespace, layout: str = "one", backward_on_caller:
         device.append(w2 - w1)
     phases = _phases(model, opt, batch, args.steps, xla_dtensor.sync, clock)
     compiles, reused = metrics.counters()["compiles"], metrics.counters()["plans_reused"]
-    return {"plans_reused": reused, "syncs": 4 * args.steps + 4, "phases": phases,
+    from xla_dtensor.core import native
+    per_op = _per_op(dev) if layout == "one" else {}
+    return {"native": native.ON, "per_op_us": per_op, "plans_reused": reused, "syncs": 4 * args.steps + 4,
+            "phases": phases,
             "cpu_ms": 1e3 * statistics.median(cpu), "host_wall_ms": 1e3 * statistics.median(host_wall),
             "ops": statistics.median(ops), "us_per_op": 1e6 * statistics.median(cpu) / statistics.median(ops),
             "step_wall_ms": 1e3 * back_to_back, "waited_host_ms": 1e3 * statistics.median(waited_host),
@@ -259,35 +298,40 @@ def case_profile(args: argparse.Namespace) -> dict:
 
 CASES = {"torch": case_torch, "lazy": case_lazy, "profile": case_profile,
          "lazy_tp": lambda a: case_lazy(a, "tp"), "lazy_auto": lambda a: case_lazy(a, "auto"),
-         "lazy_engine": lambda a: case_lazy(a, backward_on_caller=False)}
+         "lazy_engine": lambda a: case_lazy(a, backward_on_caller=False),
+         "lazy_python": case_lazy}  # run with XLA_DTENSOR_NATIVE=0 (see _run_case)
 
 
 def _run_case(name: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--case", name, "--opt", args.opt, "--steps", str(args.steps)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    env = {**os.environ, "XLA_DTENSOR_NATIVE": "0"} if name == "lazy_python" else None
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def _alternated(args: argparse.Namespace) -> tuple[dict, dict, dict]:
-    """The torch, lazy and lazy_engine cases run in turn ``--rounds`` times (one process each); each
-    one's round closest to its median host time, with the ratios' medians over rounds.
+def _alternated(args: argparse.Namespace) -> tuple[dict, dict, dict, dict]:
+    """The torch, lazy, lazy_python and lazy_engine cases run in turn ``--rounds`` times (one process
+    each); each one's round closest to its median host time, with the ratios' medians over rounds.
 
     NOTE: the shared machine's speed drifts over minutes (one step's time varies 1.5x between
     runs of the same code): a ratio taken from two runs minutes apart says more about the
     drift than about the code, one from adjacent runs less.
     """
-    rounds = [tuple(_run_case(c, args) for c in ("torch", "lazy", "lazy_engine")) for _ in range(args.rounds)]
+    rounds = [tuple(_run_case(c, args) for c in ("torch", "lazy", "lazy_engine", "lazy_python"))
+              for _ in range(args.rounds)]
     pick = lambda xs: sorted(xs, key=lambda r: r["cpu_ms"])[len(xs) // 2]  # noqa: E731
-    t, lz, eng = (pick([r[i] for r in rounds]) for i in range(3))
+    t, lz, eng, py = (pick([r[i] for r in rounds]) for i in range(4))
     lz = {**lz, "ratios": [r[1]["cpu_ms"] / r[0]["cpu_ms"] for r in rounds],
           "wall_ratios": [r[1]["host_wall_ms"] / r[0]["wall_ms"] for r in rounds]}
     eng = {**eng, "ratios": [r[2]["cpu_ms"] / r[0]["cpu_ms"] for r in rounds],
            "wall_ratios": [r[2]["host_wall_ms"] / r[0]["wall_ms"] for r in rounds],
            "vs_caller": [r[2]["cpu_ms"] / r[1]["cpu_ms"] for r in rounds]}
-    return t, lz, eng
+    py = {**py, "ratios": [r[3]["cpu_ms"] / r[0]["cpu_ms"] for r in rounds],
+          "c_vs_python": [r[1]["cpu_ms"] / r[3]["cpu_ms"] for r in rounds]}
+    return t, lz, eng, py
 
 
-def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, pr: dict, sharded: dict) -> str:
+def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, py: dict, pr: dict, sharded: dict) -> str:
     lines = [f"## {label} ({opt})", "", "```"]
     lines.append(f"{'case':<38}{'value':>10}")
     rows = [
@@ -306,6 +350,10 @@ def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, pr: dict, sharded
         ("compiles (whole run)", lz["compiles"]),
         ("syncs with a reused plan (whole run)", lz.get("plans_reused", 0)),
         ("syncs (whole run)", lz.get("syncs", 0)),
+        ("Python recorder: CPU ms / step", py["cpu_ms"]),
+        ("  its / torch eager", statistics.median(py["ratios"])),
+        ("  its CPU us / recorded op", py["us_per_op"]),
+        ("  C recorder / Python recorder", statistics.median(py["c_vs_python"])),
         ("backward on autograd thread: CPU ms", eng["cpu_ms"]),
         ("  its / torch eager", statistics.median(eng["ratios"])),
         ("  its / backward on caller", statistics.median(eng["vs_caller"])),
@@ -318,10 +366,19 @@ def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, pr: dict, sharded
         lines.append(f"{name:<38}{v:>10.2f}")
     lines.append(f"lazy / torch eager per round: {', '.join(f'{r:.2f}' for r in lz['ratios'])} "
                  "(torch, then lazy, in turn; the table: the median round of each, the ratios' median)")
+    lines.append(f"C / Python recorder per round: {', '.join(f'{r:.2f}' for r in py['c_vs_python'])}")
+    if not lz.get("native") or py.get("native"):
+        lines.append(f"NOTE: the lazy case ran {'with' if lz.get('native') else 'WITHOUT'} the C recorder, "
+                     f"the Python case {'WITH' if py.get('native') else 'without'} it")
+    lines.append("")
+    lines.append("single ops, calling-thread CPU us per op (fastest of 7 loops of 2,000; 4x8 and 8x8 float32):")
+    lines.append(f"  {'':<26}{'C recorder':>12}{'Python rec.':>12}")
+    for k in lz.get("per_op_us", {}):
+        lines.append(f"  {k:<26}{lz['per_op_us'][k]:>12.2f}{py.get('per_op_us', {}).get(k, float('nan')):>12.2f}")
     lines.append("")
     lines.append("parts of a step, ms (CPU time of the threads that record):")
     lines.append(f"  {'':<22}" + "".join(f"{k:>15}" for k in lz["phases"]))
-    for who, res in (("torch eager", t), ("lazy", lz), ("lazy, autograd thread", eng)):
+    for who, res in (("torch eager", t), ("lazy", lz), ("lazy, Python recorder", py), ("lazy, autograd thread", eng)):
         lines.append(f"  {who:<22}" + "".join(f"{res['phases'].get(k, 0.0):>15.2f}" for k in lz["phases"]))
     lines.append("")
     lines.append(f"profile (cProfile, thread CPU time; {pr['total_ms']:.1f} ms/step under the profiler), us per op:")
@@ -391,15 +448,16 @@ def main() -> None:
     if args.case:
         print(json.dumps(CASES[args.case](args)))
         return
-    t, lz, eng = _alternated(args)
+    t, lz, eng, py = _alternated(args)
     pr = _run_case("profile", args)
     sharded = {"lazy 2x4 Megatron": _run_case("lazy_tp", args), "lazy AUTO 2x4": _run_case("lazy_auto", args)}
-    section = _table(args.label, args.opt, t, lz, eng, pr, sharded)
+    section = _table(args.label, args.opt, t, lz, eng, py, pr, sharded)
     print(section)
     if not args.no_save:
         _save(f"{args.label} ({args.opt})", section, {"torch_ms": t["cpu_ms"], "lazy_cpu_ms": lz["cpu_ms"],
                                                       "us_per_op": lz["us_per_op"], "bins": pr["bins_us_per_op"],
-                                                      "lazy": lz, "torch": t, "sharded": sharded, "lazy_engine": eng})
+                                                      "lazy": lz, "torch": t, "sharded": sharded, "lazy_engine": eng,
+                                                      "lazy_python": py})
 
 
 if __name__ == "__main__":
