@@ -18,6 +18,10 @@ Usage:
     python benchmarks/accelerator_step.py                       # every case for this machine
     python benchmarks/accelerator_step.py --sizes small --runners torch-eager,xla-compile
 
+From a source checkout that was not installed with pip, build the lazy recorder's C hot path
+first (``python setup.py build_ext --inplace``); without it lazy mode records in Python and
+says so at import.
+
 Example:
     >>> sorted(SIZES)
     ['medium', 'small']

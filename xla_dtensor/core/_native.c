@@ -10,6 +10,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <stdint.h>
 
 /* ---------------------------------------------------------------- Node */
 
@@ -795,7 +796,7 @@ typedef struct {
 } StorageObject;
 
 static PyTypeObject StorageType;
-static long long storage_seq = 0;
+static PyObject *storage_seq;  /* tensor._SEQ: storages count their creation order with Python's counter */
 static PyObject *me_fn;        /* threads.me: the owner of what the calling thread records */
 static PyObject *lock;         /* threads.LOCK */
 static PyObject *live_data, *live_remove;  /* tensor.LIVE's set of weak references, and its removal callback */
@@ -804,6 +805,14 @@ static PyObject *s_owner, *s_is_owned, *s_version;
 static StorageObject *
 storage_make(PyObject *value, PyObject *meta, PyObject *owner)
 {
+    PyObject *seq = PyIter_Next(storage_seq);
+    long long at = seq == NULL ? -1 : PyLong_AsLongLong(seq);
+    Py_XDECREF(seq);
+    if (at == -1) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "the storage counter ended");
+        return NULL;
+    }
     StorageObject *s = PyObject_GC_New(StorageObject, &StorageType);
     if (s == NULL)
         return NULL;
@@ -813,7 +822,7 @@ storage_make(PyObject *value, PyObject *meta, PyObject *owner)
     s->owner = Py_NewRef(owner);
     s->layout = Py_NewRef(Py_None);
     s->version = 0;
-    s->seq = storage_seq++;
+    s->seq = at;
     s->weakreflist = NULL;
     PyObject_GC_Track(s);
     return s;
@@ -850,7 +859,7 @@ storage_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObjec
         PyErr_SetString(PyExc_TypeError, "Storage(value, meta) takes two positional arguments");
         return NULL;
     }
-    if (me_fn == NULL) {
+    if (me_fn == NULL || storage_seq == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Storage made before configure_tensor()");
         return NULL;
     }
@@ -942,13 +951,18 @@ static PyObject *wrapper_kwnames;  /* ("strides", "dtype", "device") */
 static PyObject *empty_tuple;
 static PyObject *s_cls, *s_vcache, *s_seen;
 
-/* configure_tensor(lazy_type, make_wrapper, out, device, me, lock, live_data, live_remove) */
+/* configure_tensor(lazy_type, make_wrapper, out, device, me, lock, live_data, live_remove, seq) */
 static PyObject *
 configure_tensor(PyObject *self, PyObject *args)
 {
-    PyObject *lt, *mw, *out, *dev, *me, *lk, *ld, *lr;
-    if (!PyArg_ParseTuple(args, "OOOOOOO!O", &lt, &mw, &out, &dev, &me, &lk, &PySet_Type, &ld, &lr))
+    PyObject *lt, *mw, *out, *dev, *me, *lk, *ld, *lr, *sq;
+    if (!PyArg_ParseTuple(args, "OOOOOOO!OO", &lt, &mw, &out, &dev, &me, &lk, &PySet_Type, &ld, &lr, &sq))
         return NULL;
+    if (!PyIter_Check(sq)) {
+        PyErr_SetString(PyExc_TypeError, "configure_tensor: seq must be an iterator (tensor._SEQ)");
+        return NULL;
+    }
+    Py_XSETREF(storage_seq, Py_NewRef(sq));
     Py_XSETREF(lazy_type, Py_NewRef(lt));
     Py_XSETREF(make_wrapper, Py_NewRef(mw));
     Py_XSETREF(out_local, Py_NewRef(out));
@@ -1489,6 +1503,129 @@ torch_dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
     return res;
 }
 
+/* ---------------------------------------------------------------- a tape's structure (plan_cache) */
+
+static int
+int64_of(PyObject *v, int64_t *out)
+{
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)x;
+    return 0;
+}
+
+/* structure(tape, base, roots): plan_cache._structure's key without the sharding codes, and the leaves
+ * read from outside the tape; None when the graph leaves the tape other than through leaves;
+ * NotImplemented when a node is not this module's (the Python path reads it). */
+static PyObject *
+structure(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "structure(tape: list, base: int, roots: list)");
+        return NULL;
+    }
+    PyObject *tape = args[0], *roots = args[2];
+    int64_t base;
+    if (int64_of(args[1], &base) < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(tape), nr = PyList_GET_SIZE(roots), nf = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *node = PyList_GET_ITEM(tape, i);
+        if (!Py_IS_TYPE(node, &NodeType))
+            Py_RETURN_NOTIMPLEMENTED;
+        nf += PyTuple_GET_SIZE(((NodeObject *)node)->inputs);
+    }
+    int64_t *wiring = PyMem_Malloc(sizeof(int64_t) * (nf + 1)), *outs = PyMem_Malloc(sizeof(int64_t) * (nr + 1));
+    PyObject *leaves = PyList_New(0), *first = PyDict_New(), *res = NULL;
+    if (wiring == NULL || outs == NULL || leaves == NULL || first == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t f = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *inputs = ((NodeObject *)PyList_GET_ITEM(tape, i))->inputs;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(inputs); j++, f++) {
+            PyObject *x = PyTuple_GET_ITEM(inputs, j);
+            if (!Py_IS_TYPE(x, &NodeType)) {
+                res = Py_NewRef(Py_NotImplemented);
+                goto done;
+            }
+            int64_t w = ((NodeObject *)x)->tix - base;
+            if (w < 0 || w >= n) {  /* read from outside the tape: a leaf, numbered by first use */
+                if (((NodeObject *)x)->fn != Py_None) {
+                    res = Py_NewRef(Py_None);
+                    goto done;
+                }
+                PyObject *id = PyLong_FromVoidPtr(x);
+                if (id == NULL)
+                    goto done;
+                PyObject *k = PyDict_GetItemWithError(first, id);
+                if (k == NULL) {
+                    if (PyErr_Occurred() || (k = PyLong_FromSsize_t(n + PyList_GET_SIZE(leaves))) == NULL) {
+                        Py_DECREF(id);
+                        goto done;
+                    }
+                    int bad = PyDict_SetItem(first, id, k) < 0 || PyList_Append(leaves, x) < 0;
+                    Py_DECREF(k);
+                    if (bad) {
+                        Py_DECREF(id);
+                        goto done;
+                    }
+                    k = PyDict_GetItem(first, id);
+                }
+                Py_DECREF(id);
+                if (int64_of(k, &w) < 0)
+                    goto done;
+            }
+            wiring[f] = w;
+        }
+    }
+    for (Py_ssize_t i = 0; i < nr; i++) {
+        PyObject *r = PyList_GET_ITEM(roots, i);
+        if (!Py_IS_TYPE(r, &NodeType)) {
+            res = Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+        outs[i] = ((NodeObject *)r)->tix - base;
+        if (outs[i] < 0 || outs[i] >= n) {
+            res = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    Py_ssize_t nl = PyList_GET_SIZE(leaves);
+    Py_ssize_t words = 4 + (n + nl) + n + nf + nr;
+    PyObject *key = PyBytes_FromStringAndSize(NULL, words * (Py_ssize_t)sizeof(int64_t));
+    if (key == NULL)
+        goto done;
+    int64_t *k = (int64_t *)PyBytes_AS_STRING(key);
+    *k++ = n;
+    *k++ = nl;
+    *k++ = nf;
+    *k++ = nr;
+    for (Py_ssize_t i = 0; i < n + nl; i++) {
+        PyObject *node = i < n ? PyList_GET_ITEM(tape, i) : PyList_GET_ITEM(leaves, i - n);
+        if (int64_of(((NodeObject *)node)->hash, k++) < 0) {
+            Py_DECREF(key);
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        *k++ = PyTuple_GET_SIZE(((NodeObject *)PyList_GET_ITEM(tape, i))->inputs);
+    memcpy(k, wiring, sizeof(int64_t) * nf);
+    k += nf;
+    memcpy(k, outs, sizeof(int64_t) * nr);
+    res = PyTuple_Pack(2, key, leaves);
+    Py_DECREF(key);
+done:
+    PyMem_Free(wiring);
+    PyMem_Free(outs);
+    Py_XDECREF(leaves);
+    Py_XDECREF(first);
+    return res;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
@@ -1501,7 +1638,7 @@ static PyMethodDef methods[] = {
      "getitems(node, indices, table, getitem_op): ir.getitems in C."},
     {"param_leaf", (PyCFunction)param_leaf, METH_O, "ir.param_leaf in C."},
     {"configure_tensor", (PyCFunction)configure_tensor, METH_VARARGS,
-     "configure_tensor(lazy_type, make_wrapper, out, device, me, lock, live_data, live_remove): what tensors need."},
+     "configure_tensor(lazy_type, make_wrapper, out, device, me, lock, live_data, live_remove, seq)."},
     {"configure_record", (PyCFunction)configure_record, METH_VARARGS,
      "configure_record(entries, record, recorded, fn_kind, view_kind, getitems): what record() reads."},
     {"alias", (PyCFunction)(void (*)(void))alias, METH_FASTCALL, "special._alias in C (detach, alias, lift_fresh)."},
@@ -1511,6 +1648,8 @@ static PyMethodDef methods[] = {
     {"configure_dispatch", (PyCFunction)configure_dispatch, METH_VARARGS,
      "configure_dispatch(special_by_id, compute_now, enter, on_error, this_thread, user_kind, dispatch_globals)."},
     {"dispatch", (PyCFunction)(void (*)(void))dispatch, METH_FASTCALL, "dispatch.dispatch in C."},
+    {"structure", (PyCFunction)(void (*)(void))structure, METH_FASTCALL,
+     "structure(tape, base, roots): plan_cache._structure's key (without sharding codes) and leaves."},
     {"torch_dispatch", (PyCFunction)(void (*)(void))torch_dispatch, METH_FASTCALL | METH_KEYWORDS,
      "LazyTensor.__torch_dispatch__ in C (wrap in classmethod)."},
     {"signature", (PyCFunction)(void (*)(void))signature, METH_FASTCALL,

@@ -33,6 +33,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from xla_dtensor import metrics
+from xla_dtensor.core import native
 from xla_dtensor.core.ir import Node, recorded
 
 _INPUTS = operator.attrgetter("inputs")
@@ -97,6 +98,17 @@ def _structure(roots: list[Node]) -> tuple[bytes, list[Node]] | None:
     if len(_BY_VALUE) >= SHARDINGS_LIMIT:
         _forget()
     tape, base = found
+    if _c_structure is not None:  # the same bytes in one C pass (core.native)
+        got = _c_structure(tape, base, roots)
+        if got is not NotImplemented:
+            if got is None:
+                return None
+            return got[0] + _sharding_codes(tape).tobytes(), tape + got[1]
+    return _structure_py(tape, base, roots)
+
+
+def _structure_py(tape: list[Node], base: int, roots: list[Node]) -> tuple[bytes, list[Node]] | None:
+    """:func:`_structure` of ``tape`` (its first node's tix ``base``) in Python."""
     n = len(tape)
     ins = list(map(_INPUTS, tape))
     flat = list(itertools.chain.from_iterable(ins))
@@ -128,6 +140,7 @@ def _structure(roots: list[Node]) -> tuple[bytes, list[Node]] | None:
 # A node's sharding by value: equal shardings (torch's DTensor path makes new ones every step) get one
 # code. Codes are found by identity first (hashing a NamedSharding runs Python): _CODE_BY_ID maps ids
 # to codes in one C-level pass, and _KEPT keeps those objects alive, so their ids are not reused.
+_c_structure = native.MODULE.structure if native.ON else None
 _BY_VALUE: dict[Any, int] = {}
 _CODE_BY_ID: dict[int, int] = {id(None): 0}
 _KEPT: dict[int, Any] = {}

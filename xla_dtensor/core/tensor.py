@@ -346,7 +346,7 @@ from xla_dtensor.core import native as _native  # noqa: E402
 PYTHON = {"Storage": Storage, "new_tensor": new_tensor, "new_view": new_view}  # for tests comparing the paths
 
 if _native.ON:
-    _native.MODULE.configure_tensor(LazyTensor, _new, OUT, _DEVICE, _me, _LOCK, LIVE.data, _LIVE_REMOVE)
+    _native.MODULE.configure_tensor(LazyTensor, _new, OUT, _DEVICE, _me, _LOCK, LIVE.data, _LIVE_REMOVE, _SEQ)
     Storage = _native.MODULE.Storage  # type: ignore[misc]  # noqa: F811
     new_tensor = _native.MODULE.new_tensor  # noqa: F811
     new_view = _native.MODULE.new_view  # noqa: F811

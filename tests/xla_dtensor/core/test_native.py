@@ -172,7 +172,10 @@ def test_storage_and_output_tensors_match_python():
         assert type(t) is T.LazyTensor and t.shape == (2, 3) and t.stride() == (3, 1) and t.device == dev
         assert (s.value, s.meta, s.version, s.donor, s.layout, s.owner) == (leaf, meta, 0, None, None, threads.me())
         assert s in T.live() and T.chain_of(t) == ()
-    assert T.storage_of(c).seq > T.storage_of(base).seq
+    start = next(T._SEQ)  # compile's capture tells storages made during a trace by this counter
+    with threads.held():
+        later = T.new_tensor(meta, leaf)
+    assert T.storage_of(later).seq > start > T.storage_of(c).seq > T.storage_of(base).seq
     for v in (vc, vp):
         assert T.storage_of(v) is T.storage_of(base) and T.chain_of(v) == ("step",) and v._seen == 0
     s = T.storage_of(c)
@@ -299,3 +302,25 @@ def test_a_missing_build_warns_and_records_in_python():
     first, warned = proc.stdout.strip().splitlines()[-2:]
     assert first == "False xla_dtensor.core.ir [2.5, 2.5, 2.5]"
     assert "xla_dtensor.core._native is not built (no compiler here)" in warned and "pip install -e ." in warned
+
+
+@needs_native
+def test_a_tapes_structure_matches_python():
+    from xla_dtensor.core import plan_cache
+    dev = xla_dtensor.device()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2)).to(dev)
+    outside = torch.ones(2, device=dev) * 3  # pending before the barrier: its node is off the next tape
+    torch.ones(1, device=dev).tolist()  # a partial barrier: a new tape
+    loss = model(torch.randn(3, 4).to(dev)).sum()
+    loss.backward()
+    tape, base = ir.recorded()
+    roots = [T.value_of(p.grad) for p in model.parameters()] + [T.value_of(loss)]
+    key, leaves = plan_cache._c_structure(tape, base, roots)
+    want = plan_cache._structure_py(tape, base, roots)
+    assert key + plan_cache._sharding_codes(tape).tobytes() == want[0] and tape + leaves == want[1]
+    assert leaves and all(n.fn is None for n in leaves)
+    off_tape = [T.value_of(outside)]  # an op node recorded before the barrier: the walk, not the tape
+    assert plan_cache._c_structure(tape, base, off_tape) is None and plan_cache._structure_py(tape, base, off_tape) is None
+    assert plan_cache._c_structure([ir.PYTHON["Node"]("x", 1, (), 1, None)], base, []) is NotImplemented
+    xla_dtensor.sync()
