@@ -7,6 +7,7 @@ the very graph AUTO planned (``cluster=False``): the clustered plan's modelled s
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import distribute_module as torch_distribute_module
 
 import autoshard
+import autoshard.baselines
+import autoshard.layered
 import xla_dtensor
 import xla_dtensor.spmd as xs
 from autoshard.models import GPT2, GPT2Config
@@ -26,6 +29,18 @@ def _batches(n: int) -> list:
     g = torch.Generator().manual_seed(1)
     return [(torch.randint(0, CFG.vocab, (8, 16), generator=g), torch.randint(0, CFG.vocab, (8, 16), generator=g))
             for _ in range(n)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _greedy_baselines():
+    """The manual baselines completed greedily (``autoshard.baselines.complete``'s ``time_limit=None``), not
+    by a solve with their parameters pinned (up to 10 s each; ~17 s of this module): here they only warm-start
+    the solves and fill ``plan.baselines``, which no test here reads (the oracle is the proven optimum)."""
+    greedy = functools.partial(autoshard.baselines.complete, time_limit=None)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(autoshard.baselines, "complete", greedy)
+        mp.setattr(autoshard.layered, "complete", greedy)
+        yield
 
 
 @pytest.fixture(scope="module")
