@@ -6,6 +6,9 @@ process (``--case``), with ``torch.set_num_threads(1)``; 3 warm-up steps, then t
 medians of 10 steps:
 
 * ``torch``: torch eager on its CPU kernels (forward, backward, optimizer step).
+  Then, in turn step by step in the same process, the same step through a Python
+  ``__torch_dispatch__`` that only forwards to torch's CPU kernels (``_subclass_floor.PassThrough``):
+  what any recorder built as a Python tensor subclass pays before recording anything.
 * ``lazy``: the same model on the ``jax`` device, ``xla_dtensor.sync()`` after each step
   (cache hits after the warm-up). Host time is the CPU time of the threads that record
   (:func:`_host_clock`): the calling thread (``time.thread_time``), which runs the backward
@@ -131,7 +134,36 @@ def case_torch(args: argparse.Namespace) -> dict:
             cpu.append(c1 - c0)
             wall.append(w1 - w0)
     return {"cpu_ms": 1e3 * statistics.median(cpu), "wall_ms": 1e3 * statistics.median(wall),
-            "phases": _phases(model, opt, batch, args.steps)}
+            "phases": _phases(model, opt, batch, args.steps), "floor": _floor(model, opt, batch, args.steps)}
+
+
+def _floor(model: Any, opt: Any, batch: tuple, steps: int) -> dict:
+    """torch eager's step next to the same step through :class:`benchmarks._subclass_floor.PassThrough`
+    (a Python ``__torch_dispatch__`` that only forwards to torch's CPU kernels, its optimizer on the
+    multi-tensor path as ours), in turn step by step: medians of the CPU ms, and their ratio."""
+    import copy
+
+    import torch
+    from torch.optim import optimizer
+
+    from benchmarks._subclass_floor import PassThrough, wrap_parameters
+    if PassThrough not in optimizer._foreach_supported_types:
+        optimizer._foreach_supported_types.append(PassThrough)
+    pmodel = wrap_parameters(copy.deepcopy(model))
+    popt = type(opt)(list(pmodel.parameters()), lr=opt.defaults["lr"])
+    pbatch = tuple(PassThrough(t) for t in batch)
+    own, floor = [], []
+    for i in range(3 + steps):
+        c0 = time.thread_time()
+        _step(model, opt, batch)
+        c1 = time.thread_time()
+        _step(pmodel, popt, pbatch)
+        c2 = time.thread_time()
+        if i >= 3:
+            own.append(1e3 * (c1 - c0))
+            floor.append(1e3 * (c2 - c1))
+    return {"torch_ms": statistics.median(own), "floor_ms": statistics.median(floor),
+            "ratio": statistics.median(floor) / statistics.median(own)}
 
 
 def _setup_sharded(row: str, opt_name: str) -> tuple[Any, Any, Any]:
@@ -350,6 +382,8 @@ def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, py: dict, pr: dic
         ("compiles (whole run)", lz["compiles"]),
         ("syncs with a reused plan (whole run)", lz.get("plans_reused", 0)),
         ("syncs (whole run)", lz.get("syncs", 0)),
+        ("Python floor (PassThrough): CPU ms", t["floor"]["floor_ms"]),
+        ("  its / torch eager (same process)", t["floor"]["ratio"]),
         ("Python recorder: CPU ms / step", py["cpu_ms"]),
         ("  its / torch eager", statistics.median(py["ratios"])),
         ("  its CPU us / recorded op", py["us_per_op"]),

@@ -1238,6 +1238,7 @@ record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (e == NULL && PyErr_Occurred())
         goto done;
     if (e != NULL) {
+        Py_INCREF(e);  /* borrowed from the table, which Python code below could change */
         PyObject *kind = PyObject_GetAttr(e, s_kind), *rnd = PyObject_GetAttr(e, s_random);
         PyObject *outs = PyObject_GetAttr(e, s_outs), *listed = PyObject_GetAttr(st, s_returns_list);
         int fast = kind != NULL && rnd == Py_False && outs != NULL && PyList_Check(outs) &&
@@ -1285,6 +1286,7 @@ record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(outs);
         Py_XDECREF(listed);
         Py_XDECREF(step);
+        Py_DECREF(e);
         if (fast || PyErr_Occurred())
             goto done;
     }
