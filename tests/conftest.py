@@ -46,3 +46,24 @@ def _release_executables_per_module():
     yield
     release_executables()
 
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Each selected module's ``start_early(session)``, in session order: its fresh-process work
+    begins now in the background (tests/_parallel.py)."""
+    if session.config.option.collectonly:
+        return
+    seen = set()
+    for item in session.items:
+        module = getattr(item, "module", None)
+        if module is not None and module not in seen:
+            seen.add(module)
+            start = getattr(module, "start_early", None)
+            if start is not None:
+                start(session)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Background work still running when the session ends is stopped (tests/_parallel.py)."""
+    from tests import _parallel
+    _parallel.stop()

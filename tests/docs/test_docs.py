@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from _doc_blocks import ROOT, all_blocks, pages
+from tests import _parallel
 from tests._fresh_clone import user_env
+from tests._parallel import selected_in
 
 HERE = Path(__file__).resolve().parent
 BLOCKS = all_blocks()
@@ -28,14 +30,15 @@ KNOWN_MARKS = {"", "slow", "skip"}
 RUNNERS = 2  # child runners sharing the pages (a 2-core machine: about half the wall time of one)
 
 
-def _run(tier: str, tmp: Path) -> tuple[dict[str, dict], str]:
+def _run(tier: str) -> tuple[dict[str, dict], str]:
     """Run the tier's pages in :data:`RUNNERS` children at once, each page in the one that claims it."""
+    tmp = _parallel.scratch(f"docs_{tier}")
     claims = tmp / "claims"
     claims.mkdir()
-    env = user_env(tmp)
+    env = _parallel.child_env(user_env(tmp), f"docs_{tier}")
     results = [tmp / f"{tier}-{i}.jsonl" for i in range(RUNNERS)]
-    procs = [subprocess.Popen([sys.executable, str(HERE / "_doc_runner.py"), tier, str(r), "", str(claims)],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [_parallel.popen([sys.executable, str(HERE / "_doc_runner.py"), tier, str(r), "", str(claims)],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in results]
     stderr = []
     for proc in procs:
@@ -47,14 +50,21 @@ def _run(tier: str, tmp: Path) -> tuple[dict[str, dict], str]:
     return {r["id"]: r for r in map(json.loads, rows)}, "\n".join(stderr)
 
 
-@pytest.fixture(scope="module")
-def fast_results(tmp_path_factory):
-    return _run("fast", tmp_path_factory.mktemp("docs_fast"))
+def start_early(session: pytest.Session) -> None:
+    """The selected tiers start when collection ends, in the background (tests/_parallel.py)."""
+    module = sys.modules[__name__]
+    for tier in sorted({b.mark or "fast" for b in selected_in(session, module, "block")}):
+        _parallel.start_early(f"{__name__}.{tier}", lambda tier=tier: _run(tier))
 
 
 @pytest.fixture(scope="module")
-def slow_results(tmp_path_factory):
-    return _run("slow", tmp_path_factory.mktemp("docs_slow"))
+def fast_results():
+    return _parallel.early(f"{__name__}.fast", lambda: _run("fast"))
+
+
+@pytest.fixture(scope="module")
+def slow_results():
+    return _parallel.early(f"{__name__}.slow", lambda: _run("slow"))
 
 
 @pytest.mark.parametrize("block", [

@@ -53,6 +53,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
         row.update(outcome="passed", seconds=round(rep.duration, 2))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The matrix runs last: its worker process, started when collection ends, trains cells in the
+    background meanwhile (test_matrix.py's module doc)."""
+    matrix = [item for item in items if item.path.name == "test_matrix.py" and item.path.parent.name == "integration"]
+    if matrix:
+        last = set(matrix)
+        items[:] = [item for item in items if item not in last] + matrix
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     path = os.environ.get(_ENV)
     if path and _ROWS:

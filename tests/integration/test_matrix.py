@@ -9,9 +9,11 @@ feasible) and leave no op without a sharding rule. Models and modes:
 ``XLA_DTENSOR_MATRIX_JSON=path`` set, every outcome is written there (the source of
 ``docs/models.md``: ``python benchmarks/models_matrix.py``).
 
-Without that variable, a second process (``_matrix_worker.py``) trains cells from the end of the
-selection while this one trains them from the start (on a 2-core machine: about half the wall
-time); each cell's test makes the same assertions on the outcome either way.
+Without that variable, a second process (``_matrix_worker.py``) starts when the session's collection
+ends and trains cells from the end of the selection, at low CPU priority on the core the (single-threaded)
+test process leaves idle; the matrix runs last in the session (``conftest.py``), and this process trains
+cells from the start until it meets one the worker has taken. Each cell's test makes the same
+assertions on the outcome either way.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import xla_dtensor  # noqa: F401  (the jax device registers before any CPU backw
 from benchmarks.models.zoo import ZOO, torchvision_unavailable
 from benchmarks.models.zoo_train import MODES, train, unsupported
 
+from tests import _parallel
 from tests._parallel import claim
 
 from ._matrix_worker import key
@@ -76,11 +79,13 @@ class _Worker:
         self.claims, self.results, self.log = tmp / "claims", tmp / "results", tmp / "worker.log"
         self.claims.mkdir()
         self.results.mkdir()
+        env = _parallel.child_env(dict(os.environ, PYTHONPATH=str(HERE.parents[1])), __name__)
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(
+            # niceness 19: below the other background jobs too (their modules come before this one)
+            self.proc = _parallel.popen(
                 [sys.executable, str(HERE / "_matrix_worker.py"), str(self.claims), str(self.results),
-                 json.dumps(cells), str(STEPS)], stdout=log, stderr=subprocess.STDOUT, cwd=HERE.parents[1],
-                env=dict(os.environ, PYTHONPATH=str(HERE.parents[1])))
+                 json.dumps(cells), str(STEPS)], 19, stdout=log, stderr=subprocess.STDOUT, cwd=HERE.parents[1],
+                env=env)
 
     def outcome(self, name: str, mode: str) -> dict | None:
         """None: this process trains the cell; else the worker's outcome (waited for)."""
@@ -103,20 +108,29 @@ class _Worker:
         self.proc.wait()
 
 
-@pytest.fixture(scope="module")
-def worker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """The second process, for the cells this session runs (none for a few cells or a JSON report)."""
+_STARTED: list[_Worker] = []
+
+
+def start_early(session: pytest.Session) -> None:
+    """The second process, for the cells this session runs (none for a few cells or a JSON report);
+    called when collection ends (tests/conftest.py)."""
     cells = []
-    for item in request.session.items:
+    for item in session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if item.module is request.module and "name" in params and _skip_reason(params["name"], params["mode"]) is None:
+        if item.module is sys.modules[__name__] and "name" in params \
+                and _skip_reason(params["name"], params["mode"]) is None:
             cells.append((params["name"], params["mode"]))
     if os.environ.get("XLA_DTENSOR_MATRIX_JSON") or len(cells) < 4:  # the report times every cell here
-        yield None
         return
-    w = _Worker(cells, tmp_path_factory.mktemp("matrix_worker"))
-    yield w
-    w.close()
+    _STARTED.append(_Worker(cells, _parallel.scratch("matrix_worker")))
+
+
+@pytest.fixture(scope="module")
+def worker():
+    """The second process :func:`start_early` started, if it did."""
+    yield _STARTED[0] if _STARTED else None
+    while _STARTED:
+        _STARTED.pop().close()
 
 
 @pytest.mark.parametrize("name,mode", [

@@ -8,23 +8,32 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests import _parallel
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _demo() -> str:
+    env = _parallel.child_env(dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="160"), __name__)
+    proc = _parallel.run([sys.executable, "-m", "xla_dtensor.demo", "--quick"], cwd=ROOT, env=env, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def start_early(session: pytest.Session) -> None:
+    """The demo starts when collection ends, in the background (tests/_parallel.py)."""
+    _parallel.start_early(__name__, _demo)
 
 
 @pytest.fixture(scope="module")
 def demo_output() -> str:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="160")
-    proc = subprocess.run([sys.executable, "-m", "xla_dtensor.demo", "--quick"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
+    return _parallel.early(__name__, _demo)
 
 
 def test_demo_sections(demo_output: str) -> None:

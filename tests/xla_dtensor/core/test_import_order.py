@@ -7,14 +7,14 @@ model, computed in the same process.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests._parallel import Results, selected
+from tests import _parallel
+from tests._parallel import Results, selected, selected_in
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -105,21 +105,30 @@ _CASES = {
 }
 
 
-def _run(prelude: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["PYTHONPATH"] = str(ROOT)
+def _run(prelude: str, env: dict[str, str]) -> str:
     code = textwrap.dedent(prelude) + _CHECK
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=240)
+    proc = _parallel.run([sys.executable, "-c", code], cwd=ROOT, env=env, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "INTERNAL ASSERT" not in proc.stderr
     return proc.stdout
 
 
+def _outputs(cases: list[str]) -> Results:
+    """Each case's fresh process, two at a time (on a 2-core machine: half the wall time)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = _parallel.child_env(dict(env, PYTHONPATH=str(ROOT)), __name__)
+    return Results(lambda case: _run(_CASES[case], env), cases)
+
+
+def start_early(session: pytest.Session) -> None:
+    """The selected cases start when collection ends, in the background (tests/_parallel.py)."""
+    cases = selected_in(session, sys.modules[__name__], "case")
+    _parallel.start_early(__name__, lambda: _outputs(cases))
+
+
 @pytest.fixture(scope="module")
 def outputs(request) -> Results:
-    """Each selected case's fresh process, two at a time (on a 2-core machine: half the wall time)."""
-    return Results(lambda case: _run(_CASES[case]), selected(request, "case"))
+    return _parallel.early(__name__, lambda: _outputs(selected(request, "case")))
 
 
 @pytest.mark.parametrize("case", sorted(_CASES))

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -15,6 +14,8 @@ import torch
 import xla_dtensor
 from xla_dtensor import metrics
 from xla_dtensor.debug import analysis
+
+from tests import _parallel
 
 _ROOT = Path(__file__).resolve().parents[3]
 _CHILD = textwrap.dedent("""
@@ -33,16 +34,27 @@ _CHILD = textwrap.dedent("""
 
 
 def _child(cache: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(_ROOT), XLA_DTENSOR_DEBUG="0")
-    r = subprocess.run([sys.executable, "-c", _CHILD, str(cache)], capture_output=True, text=True, env=env,
-                       timeout=300, cwd=_ROOT)
+    env = _parallel.child_env(dict(os.environ, PYTHONPATH=str(_ROOT), XLA_DTENSOR_DEBUG="0"), __name__)
+    r = _parallel.run([sys.executable, "-c", _CHILD, str(cache)], env=env, timeout=300, cwd=_ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_second_process_skips_xla_compilation(tmp_path):
-    first = _child(tmp_path / "cache")
-    second = _child(tmp_path / "cache")
+def _two_children() -> tuple[dict, dict]:
+    """Two fresh processes, one after the other, sharing a new compile cache."""
+    cache = _parallel.scratch("compile_cache") / "cache"
+    return _child(cache), _child(cache)
+
+
+def start_early(session: pytest.Session) -> None:
+    """The two processes of the first test start when collection ends, in the background (tests/_parallel.py)."""
+    if any(getattr(item, "module", None) is sys.modules[__name__]
+           and item.name == "test_second_process_skips_xla_compilation" for item in session.items):
+        _parallel.start_early(__name__, _two_children)
+
+
+def test_second_process_skips_xla_compilation():
+    first, second = _parallel.early(__name__, _two_children)
     assert first["xla"] >= 1 and first["hits"] == 0, first
     assert second["xla"] == 0, second
     assert second["hits"] == first["xla"], (first, second)

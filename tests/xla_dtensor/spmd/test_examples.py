@@ -12,15 +12,11 @@ import sys
 
 import pytest
 
-from tests._fresh_clone import ROOT, SHIPPED, user_env as _user_env
-from tests._parallel import Results, selected
+from tests import _parallel
+from tests._fresh_clone import ROOT, SHIPPED, user_env
+from tests._parallel import Results, selected, selected_in
 
 EXAMPLES = sorted(p.name for p in (ROOT / "docs" / "examples").glob("*.py") if p.name != "multiprocess_hybrid.py")
-
-
-@pytest.fixture(scope="module")
-def user_env(tmp_path_factory) -> dict[str, str]:
-    return _user_env(tmp_path_factory.mktemp("site"))
 
 
 def test_pyproject_ships_the_packages_examples_import():
@@ -32,14 +28,25 @@ def test_docs_say_how_to_run_the_examples():
     assert ".venv/bin/python docs/examples/" in (ROOT / "docs" / "spmd.md").read_text()
 
 
-@pytest.fixture(scope="module")
-def example_runs(request, user_env) -> Results:
-    """Every example this session selected, each in its own fresh process, two at a time (they are
-    independent; on a 2-core machine this halves their wall time), the slowest first."""
+def _runs(names: list[str]) -> Results:
+    """Each example in its own fresh process, two at a time (they are independent; on a 2-core machine
+    this halves their wall time), the slowest first."""
+    env = _parallel.child_env(user_env(_parallel.scratch("site")), __name__)
+
     def run(name: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, f"docs/examples/{name}"], cwd=ROOT, env=user_env,
-                              capture_output=True, text=True, timeout=300)
-    return Results(run, sorted(selected(request, "name"), key=lambda n: n != "auto_sharding.py"))  # ~3x the others
+        return _parallel.run([sys.executable, f"docs/examples/{name}"], cwd=ROOT, env=env, timeout=300)
+    return Results(run, sorted(names, key=lambda n: n != "auto_sharding.py"))  # ~3x the others
+
+
+def start_early(session: pytest.Session) -> None:
+    """The selected examples start when collection ends, in the background (tests/_parallel.py)."""
+    names = selected_in(session, sys.modules[__name__], "name")
+    _parallel.start_early(__name__, lambda: _runs(names))
+
+
+@pytest.fixture(scope="module")
+def example_runs(request) -> Results:
+    return _parallel.early(__name__, lambda: _runs(selected(request, "name")))
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

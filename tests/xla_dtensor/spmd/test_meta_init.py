@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -27,6 +26,7 @@ from benchmarks.models.zoo import ZOO
 from mesh import Mesh
 from xla_dtensor.spmd.errors import MetaParameterError
 
+from tests import _parallel
 from tests._parallel import Results
 
 STEPS = 3
@@ -127,21 +127,30 @@ def test_meta_layout_to_empty_load_trains_like_cpu(reference, name: str, mode: s
                                                    if k.startswith("input:"))
 
 
-def _memory(*inits: str) -> list[dict]:
-    """One fresh process per init, two at a time (each measures its own peak RSS, so running them side
-    by side changes no result; on 2 cores it halves the wall time)."""
+INITS = ("fill", "reset", "reset_jax_random", "host")
+
+
+def _memory() -> Results:
+    """One fresh process per init of :data:`INITS`, two at a time (each measures its own peak RSS, so
+    running them side by side changes no result; on 2 cores it halves the wall time)."""
     # NOTE: with XLA's default backend optimization, as users run (tests/conftest.py turns it off to
     # compile faster; the init program is fused either way: reset measured 1.08x at -O0 too)
     flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_backend_optimization_level" not in f)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=flags)
+    env = _parallel.child_env(dict(os.environ, PYTHONPATH=str(ROOT), XLA_FLAGS=flags), __name__)
 
     def measure(init: str) -> dict:
-        out = subprocess.run([sys.executable, str(Path(__file__).with_name("_meta_memory.py")), init],
-                             capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+        out = _parallel.run([sys.executable, str(Path(__file__).with_name("_meta_memory.py")), init],
+                            env=env, timeout=600, cwd=ROOT)
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
-    results = Results(measure, inits)
-    return [results[init] for init in inits]
+    return Results(measure, INITS)
+
+
+def start_early(session: pytest.Session) -> None:
+    """The memory measurements start when collection ends, in the background (tests/_parallel.py)."""
+    name = test_to_empty_and_init_stay_within_the_shards_in_host_memory.__name__
+    if any(getattr(item, "module", None) is sys.modules[__name__] and item.name == name for item in session.items):
+        _parallel.start_early(__name__, _memory)
 
 
 def test_to_empty_and_init_stay_within_the_shards_in_host_memory() -> None:
@@ -152,7 +161,8 @@ def test_to_empty_and_init_stay_within_the_shards_in_host_memory() -> None:
     Controls, so the bound can fail: the same measurement with the random init drawn through
     ``jax.random.uniform`` (CPU threefry as a rolled loop: unfused uint32 temporaries, the cause
     of the former 3x) and with a whole-model CPU state dict loaded exceed it (2.48x, 1.50x)."""
-    fill, reset, rolled, host = _memory("fill", "reset", "reset_jax_random", "host")
+    results = _parallel.early(__name__, _memory)
+    fill, reset, rolled, host = (results[init] for init in INITS)
     assert fill["grown"] < 1.3 * fill["param_bytes"], fill
     assert reset["grown"] < 1.3 * reset["param_bytes"], reset
     # random init is distributed right: uniform(-b, b) has std b/sqrt(3), every shard its own values

@@ -5,8 +5,12 @@ import importlib.util
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import torch
+
+from tests import _parallel
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "examples", "multiprocess_hybrid.py")
 
@@ -18,12 +22,22 @@ def _example():
     return mod
 
 
-def test_two_processes_hybrid_mesh_match_single_process_reference(tmp_path):
+def _run() -> tuple[subprocess.CompletedProcess, Path]:
+    out = _parallel.scratch("multiprocess")
+    env = _parallel.child_env(dict(os.environ), __name__)
+    return _parallel.run([sys.executable, EXAMPLE, "--out", str(out)], env=env, timeout=150), out
+
+
+def start_early(session: pytest.Session) -> None:
+    """The two processes start when collection ends, in the background (tests/_parallel.py)."""
+    _parallel.start_early(__name__, _run)
+
+
+def test_two_processes_hybrid_mesh_match_single_process_reference():
     ex = _example()
-    proc = subprocess.run([sys.executable, EXAMPLE, "--out", str(tmp_path)], capture_output=True,
-                          text=True, timeout=150)
+    proc, out = _parallel.early(__name__, _run)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    results = [torch.load(tmp_path / f"result{i}.pt") for i in range(2)]
+    results = [torch.load(out / f"result{i}.pt") for i in range(2)]
     # single-process CPU reference (independent oracle): same model, data and optimizer
     model, data = ex.make_model_and_data()
     opt = torch.optim.SGD(model.parameters(), lr=ex.LR)
