@@ -106,11 +106,15 @@ def popen(cmd: list[str], nice: int = NICE, **kwargs: Any) -> subprocess.Popen:
     return proc
 
 
-def run(cmd: list[str], *, timeout: float, nice: int = NICE, **kwargs: Any) -> subprocess.CompletedProcess:
-    """``subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)`` through :func:`popen`."""
+def run(cmd: list[str], *, timeout: float, input: str | None = None, nice: int = NICE,
+        **kwargs: Any) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, **kwargs)`` through
+    :func:`popen`."""
+    if input is not None:
+        kwargs["stdin"] = subprocess.PIPE
     proc = popen(cmd, nice, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(input, timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()

@@ -2,7 +2,8 @@
 
 The table runs in one child interpreter (each CLI's ``main`` with stderr captured, so
 an exception other than ``SystemExit`` shows up as a traceback); a few cases also run
-as real processes (``python -m ...``) to check the exit code the shell sees.
+as real processes (``python -m ...``) to check the exit code the shell sees. These processes start
+when collection ends, in the background (tests/_parallel.py).
 """
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests import _parallel
+from tests._parallel import Results
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = {"problem": {"name": "t", "nodes": {"intervals": [[0, 2], [1, 3]], "costs": [[1, 2], [2, 3]],
@@ -145,17 +149,80 @@ def _env(tmp: Path) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(ROOT), XLA_DTENSOR_CACHE_DIR=str(tmp / "cache"))
 
 
-@pytest.fixture(scope="module")
-def table(tmp_path_factory):
+REAL = [
+    (["-m", "autoshard", "plan", "--time-limit", "nan"], "'nan'"),
+    (["-m", "autoshard.solver.iopddl", "absent.json"], "absent.json"),
+    (["-m", "xla_dtensor.visualize", "{devices=[2,4]<=[8]}", "--shape", "0"], "'0'"),
+]
+IOPDDL = [["-m", "autoshard", "iopddl"], ["-m", "autoshard.solver.iopddl"]]
+
+
+def _table() -> tuple[list, list[dict], list[dict]]:
     """Run every case (and the --help survey) in one child interpreter."""
-    tmp = tmp_path_factory.mktemp("cli")
+    tmp = _parallel.scratch("cli")
     cases = _cases(tmp)
-    proc = subprocess.run([sys.executable, "-c", _DRIVER], input=json.dumps([c[:2] for c in cases]),
-                          capture_output=True, text=True, cwd=ROOT, env=_env(tmp), timeout=600)
+    proc = _parallel.run([sys.executable, "-c", _DRIVER], input=json.dumps([c[:2] for c in cases]), cwd=ROOT,
+                         env=_env(tmp), timeout=600)
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     helps = [json.loads(line[5:]) for line in proc.stdout.splitlines() if line.startswith("HELP ")]
     assert len(results) == len(cases) and helps, proc.stderr[-3000:]
     return cases, results, helps
+
+
+def _real(argv: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+    """The process's outcome and its wall seconds."""
+    t0 = time.perf_counter()
+    proc = _parallel.run([sys.executable, *argv], cwd=ROOT, env=_env(_parallel.scratch("cli")), timeout=120)
+    return proc, time.perf_counter() - t0
+
+
+def _solve_example(argv: list[str]) -> subprocess.CompletedProcess:
+    tmp = _parallel.scratch("cli")
+    path = tmp / "example.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(EXAMPLE, f)
+    return _parallel.run([sys.executable, "-W", "error", *argv, str(path), "--time-limit", "10", "--quiet"],
+                         cwd=ROOT, env=_env(tmp), timeout=120)
+
+
+_JOBS = {"table": _table, **{("real", *a): lambda a=a: _real(a) for a, _ in REAL},
+         **{("iopddl", *a): lambda a=a: _solve_example(a) for a in IOPDDL}}
+
+
+def _needed(items: list[pytest.Item]) -> list:
+    """The jobs of :data:`_JOBS` the given tests of this module read."""
+    keys = []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.originalname in ("test_bad_arguments_table", "test_help_describes_every_option"):
+            keys.append("table")
+        elif item.originalname == "test_real_process_exit_code_and_one_line":
+            keys.append(("real", *params["argv"]))
+        elif item.originalname == "test_iopddl_command_starts_without_warnings":
+            keys.append(("iopddl", *params["argv"]))
+    return list(dict.fromkeys(keys))
+
+
+def _runs(keys: list) -> Results:
+    """Each process this module's selected tests read, two at a time."""
+    return Results(lambda key: _JOBS[key](), keys)
+
+
+def start_early(session: pytest.Session) -> None:
+    """This module's processes start when collection ends, in the background (tests/_parallel.py)."""
+    keys = _needed([item for item in session.items if getattr(item, "module", None) is sys.modules[__name__]])
+    _parallel.start_early(__name__, lambda: _runs(keys))
+
+
+@pytest.fixture(scope="module")
+def runs(request) -> Results:
+    mine = [item for item in request.session.items if getattr(item, "module", None) is request.module]
+    return _parallel.early(__name__, lambda: _runs(_needed(mine)))
+
+
+@pytest.fixture(scope="module")
+def table(runs):
+    return runs["table"]
 
 
 def test_bad_arguments_table(table):
@@ -171,40 +238,18 @@ def test_bad_arguments_table(table):
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("argv, must", [
-    (["-m", "autoshard", "plan", "--time-limit", "nan"], "'nan'"),
-    (["-m", "autoshard.solver.iopddl", "absent.json"], "absent.json"),
-    (["-m", "xla_dtensor.visualize", "{devices=[2,4]<=[8]}", "--shape", "0"], "'0'"),
-])
-def test_real_process_exit_code_and_one_line(argv, must, tmp_path):
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT, env=_env(tmp_path),
-                          timeout=120)
+@pytest.mark.parametrize("argv, must", REAL)
+def test_real_process_exit_code_and_one_line(argv, must, runs):
+    proc, seconds = runs[("real", *argv)]
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and must in lines[0], proc.stderr
-    assert time.perf_counter() - t0 < 60  # refused, not solved or hung
+    assert seconds < 60  # refused, not solved or hung
 
 
-def _solve_example(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    path = tmp_path / "example.json.gz"
-    with gzip.open(path, "wt") as f:
-        json.dump(EXAMPLE, f)
-    return subprocess.run([sys.executable, "-W", "error", *argv, str(path), "--time-limit", "10", "--quiet"],
-                          capture_output=True, text=True, cwd=ROOT, env=_env(tmp_path), timeout=120)
-
-
-@pytest.mark.parametrize("argv", [["-m", "autoshard", "iopddl"], ["-m", "autoshard.solver.iopddl"]])
-def test_iopddl_command_starts_without_warnings(argv, tmp_path):
+@pytest.mark.parametrize("argv", IOPDDL)
+def test_iopddl_command_starts_without_warnings(argv, runs):
     """Issue 24: ``python -m autoshard.solver.iopddl`` printed a RuntimeWarning before anything else."""
-    proc = _solve_example(argv, tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "Warning" not in proc.stderr, proc.stderr
-    # brute force over the 2 x 2 choices: node costs + edge cost, all within the limit
-    best = min(EXAMPLE["problem"]["nodes"]["costs"][0][p] + EXAMPLE["problem"]["nodes"]["costs"][1][q]
-               + EXAMPLE["problem"]["edges"]["costs"][0][2 * p + q] for p in range(2) for q in range(2))
-    assert f"objective: {best:.10g}\n" in proc.stdout and "status:    OPTIMAL" in proc.stdout
-
-
+    proc = runs[("iopddl", *argv)]
 def test_help_describes_every_option(table):
     """Issue 25: every option of every CLI has a description, its default and its allowed values."""
     helps = table[2]
