@@ -178,5 +178,5 @@ from xla_dtensor.core import native as _native  # noqa: E402
 PYTHON = {"signature": signature}  # the Python path's, kept for tests comparing the two paths
 
 if _native.ON:
-    _native.MODULE.configure_signature(LazyTensor, _SUBCLASSES, value_of, _arg, _PTYPE)
+    _native.MODULE.configure_signature(LazyTensor, _SUBCLASSES, value_of, _arg, _PTYPE, globals())
     signature = _native.MODULE.signature  # noqa: F811

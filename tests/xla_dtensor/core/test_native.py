@@ -324,3 +324,16 @@ def test_a_tapes_structure_matches_python():
     assert plan_cache._c_structure(tape, base, off_tape) is None and plan_cache._structure_py(tape, base, off_tape) is None
     assert plan_cache._c_structure([ir.PYTHON["Node"]("x", 1, (), 1, None)], base, []) is NotImplemented
     xla_dtensor.sync()
+
+
+@needs_native
+def test_a_replaced_param_leaf_is_called(monkeypatch):
+    """compile's tracer (jit.hyper) watches the scalar parameters the core makes by replacing
+    signature.param_leaf: the C signature calls the replacement, as the Python one does."""
+    seen = []
+    make = S.param_leaf
+    monkeypatch.setattr(S, "param_leaf", lambda v: seen.append(v) or make(v))
+    dyn: list = []
+    x = torch.ones(2, device=xla_dtensor.device())
+    S.signature((x, 2.5), {"alpha": 3}, S.op_info(torch.ops.aten.add.Tensor), True, dyn)
+    assert seen == [2.5, 3] and [n.data for n in dyn[1:]] == [2.5, 3]
