@@ -7,7 +7,6 @@ the very graph AUTO planned (``cluster=False``): the clustered plan's modelled s
 from __future__ import annotations
 
 import copy
-import functools
 
 import pytest
 import torch
@@ -15,12 +14,11 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import distribute_module as torch_distribute_module
 
 import autoshard
-import autoshard.baselines
-import autoshard.layered
 import xla_dtensor
 import xla_dtensor.spmd as xs
 from autoshard.models import GPT2, GPT2Config
 from tests._train import train
+from tests.xla_dtensor.auto._baselines import greedy_baselines
 
 CFG = GPT2Config(vocab=128, n_positions=16, n_embd=64, n_layer=6, n_head=4)
 
@@ -33,13 +31,9 @@ def _batches(n: int) -> list:
 
 @pytest.fixture(scope="module", autouse=True)
 def _greedy_baselines():
-    """The manual baselines completed greedily (``autoshard.baselines.complete``'s ``time_limit=None``), not
-    by a solve with their parameters pinned (up to 10 s each; ~17 s of this module): here they only warm-start
-    the solves and fill ``plan.baselines``, which no test here reads (the oracle is the proven optimum)."""
-    greedy = functools.partial(autoshard.baselines.complete, time_limit=None)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(autoshard.baselines, "complete", greedy)
-        mp.setattr(autoshard.layered, "complete", greedy)
+    """The manual baselines completed greedily (~17 s less here): no test here reads them or the guard (the
+    oracle is the proven optimum)."""
+    with greedy_baselines():
         yield
 
 
