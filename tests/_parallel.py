@@ -10,8 +10,10 @@ module whose fresh-process work needs nothing from the test process defines
 hands that work to :func:`start_early`: one background lane runs such jobs in session order,
 their children at :data:`NICE` (they take only the CPU the test process leaves). The module's
 fixture then takes the job's result with :func:`early` (waiting for it if it is still running,
-or running it then if the lane has not reached it). Each background job gets its own
-``XLA_DTENSOR_CACHE_DIR`` (:func:`child_env`), so no test's caches see its plans or programs.
+or running it then if the lane has not reached it). While the test process waits on a job, its children
+go back to niceness 0 where the OS allows it (:func:`hurry`): on a machine loaded by other work they
+would otherwise wait for idle CPU. Each background job gets its own ``XLA_DTENSOR_CACHE_DIR``
+(:func:`child_env`), so no test's caches see its plans or programs.
 
 Example:
     >>> from tests._parallel import Results
@@ -25,6 +27,7 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -86,23 +89,26 @@ def claim(folder: str | Path, name: str) -> bool:
     return True
 
 
-# ---- children: niced, and stopped when the session ends ----
+# ---- children: niced, hurried when waited on, stopped when the session ends ----
 
-_LIVE: set[subprocess.Popen] = set()
+_LIVE: dict[subprocess.Popen, int] = {}  # child -> the niceness it started at
 _LOCK = threading.Lock()
 _SCRATCH: list[str] = []  # folders made by scratch(), removed by stop()
 _STOPPED: list[bool] = []  # set by stop(): no child starts after it
+_URGENT: list[bool] = []  # set while the test process runs a job itself: its children start at niceness 0
 
 
 def popen(cmd: list[str], nice: int = NICE, **kwargs: Any) -> subprocess.Popen:
-    """``subprocess.Popen(cmd, **kwargs)`` at niceness ``nice`` (where ``nice(1)`` exists), stopped by :func:`stop`."""
+    """``subprocess.Popen(cmd, **kwargs)`` at niceness ``nice`` (where ``nice(1)`` exists), hurried by
+    :func:`hurry` and killed by :func:`stop`."""
+    nice = 0 if _URGENT and nice == NICE else nice
     if nice and shutil.which("nice"):
         cmd = ["nice", "-n", str(nice), *cmd]
     with _LOCK:
         if _STOPPED:
             raise RuntimeError(f"the test session has ended; not starting {cmd}")
         proc = subprocess.Popen(cmd, **kwargs)
-        _LIVE.add(proc)
+        _LIVE[proc] = nice
     return proc
 
 
@@ -121,8 +127,20 @@ def run(cmd: list[str], *, timeout: float, input: str | None = None, nice: int =
         raise
     finally:
         with _LOCK:
-            _LIVE.discard(proc)
+            _LIVE.pop(proc, None)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def hurry(procs: Iterable[subprocess.Popen] | None = None) -> None:
+    """``procs`` (None: every running child started at :data:`NICE`) back to niceness 0 where the OS allows it
+    (root; elsewhere they keep theirs, and so do the processes they started before): the test process waits
+    on them now, so on a machine loaded by other work they should not wait for idle CPU."""
+    with _LOCK:
+        procs = [p for p, n in _LIVE.items() if n == NICE] if procs is None else list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(OSError, AttributeError):  # not permitted, gone, or no setpriority
+                os.setpriority(os.PRIO_PROCESS, proc.pid, 0)
 
 
 def scratch(prefix: str) -> Path:
@@ -169,8 +187,13 @@ def early(name: str, fn: Callable[[], Any]) -> Any:
             job.state = "taken"
             job = None
     if job is None:
-        return fn()
-    job.done.wait()
+        _URGENT.append(True)
+        try:
+            return fn()
+        finally:
+            _URGENT.pop()
+    while not job.done.wait(1.0):
+        hurry()
     if not job.ok:
         raise job.value
     return job.value

@@ -3,15 +3,17 @@
 ``python _matrix_worker.py CLAIMS RESULTS CELLS_JSON``: CELLS_JSON lists ``[model, mode]`` in the
 test order; this process takes them from the end, each one it claims first (a file per cell in
 CLAIMS, created exclusively; the test process claims from the start), and stops at the first cell
-already claimed: from there on the test process has them all. Each cell is trained exactly as
-the test trains it (:func:`benchmarks.models.zoo_train.train` and the CPU oracle, ``STEPS``
-steps) and its outcome written to ``RESULTS/<model>__<mode>.json``; the test makes every
-assertion on it. The test suite's environment (XLA flags, cache folder) is inherited.
+already claimed (from there on the test process has them all) or once the test process has gone.
+Each cell is trained exactly as the test trains it (:func:`benchmarks.models.zoo_train.train` and
+the CPU oracle, ``STEPS`` steps) and its outcome written to ``RESULTS/<model>__<mode>.json``; the
+test makes every assertion on it. The test suite's environment (XLA flags) is inherited, with a
+cache folder of its own.
 """
 from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -36,8 +38,9 @@ def main(claims: Path, results: Path, cells: list[list[str]], steps: int) -> Non
     from xla_dtensor.core import executor
 
     refs: dict[str, list[float]] = {}
+    parent = os.getppid()
     for name, mode in reversed(cells):
-        if not claim(claims, key(name, mode)):
+        if os.getppid() != parent or not claim(claims, key(name, mode)):  # the test process has gone, or has the rest
             return
         try:
             if name not in refs:

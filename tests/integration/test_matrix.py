@@ -127,7 +127,9 @@ def start_early(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="module")
 def worker():
-    """The second process :func:`start_early` started, if it did."""
+    """The second process :func:`start_early` started, if it did (from now on this process waits on it)."""
+    if _STARTED:
+        _parallel.hurry([_STARTED[0].proc])
     yield _STARTED[0] if _STARTED else None
     while _STARTED:
         _STARTED.pop().close()
