@@ -3,9 +3,13 @@ pure JAX, pure JAX with cuDNN attention, our lazy mode and ``xla_dtensor.compile
 
 Each case (model x size x dtype x runner) runs in a process of its own and prints one JSON
 line: the median step time over ``--steps`` steps after ``--warmup`` warm-up steps (each
-step ends with the loss read on the host), the calling thread's CPU time per step, and for
-our runners the attention ops taken through the fused path. The driver collects the lines,
-prints a table, and writes ``benchmarks/results/accelerator_step_<platform>.{json,md,png}``.
+step ends with the loss read on the host), the calling thread's CPU time per step, the step
+with the loss read only every ``PIPE`` steps (the host's work then overlaps the device's), and
+for our runners the attention ops taken through the fused path; lazy mode's rows also split
+its step into recording, ``sync()`` and reading the loss. ``lazy-python`` is lazy mode with the
+recorder's Python path (``XLA_DTENSOR_NATIVE=0``). The driver collects the lines, prints the
+tables, and writes ``benchmarks/results/accelerator_step_<platform>.{json,md,png}``
+(``--merge`` keeps the saved rows of the cases not run now).
 
 Models: ``gpt`` is the project's GPT-2-style model (``autoshard.models.GPT2``, SDPA
 attention) and, for the pure JAX runners, its twin written in JAX
@@ -17,6 +21,7 @@ whole model (weights, activations, SGD) to bf16; ``float32`` lets matmuls use TF
 Usage:
     python benchmarks/accelerator_step.py                       # every case for this machine
     python benchmarks/accelerator_step.py --sizes small --runners torch-eager,xla-compile
+    python benchmarks/accelerator_step.py --dtypes float32 --runners torch-eager,lazy --merge
 
 From a source checkout that was not installed with pip, build the lazy recorder's C hot path
 first (``python setup.py build_ext --inplace``); without it lazy mode records in Python and
@@ -44,10 +49,11 @@ SIZES = {  # layers, width, heads, sequence, batch, vocab
     "small": dict(n_layer=2, n_embd=64, n_head=4, seq=32, batch=2, vocab=256),
     "medium": dict(n_layer=12, n_embd=768, n_head=12, seq=512, batch=16, vocab=8192),
 }
-RUNNERS = ("torch-eager", "torch-compile", "jax", "jax-cudnn", "lazy", "xla-compile")
+RUNNERS = ("torch-eager", "torch-compile", "jax", "jax-cudnn", "lazy", "lazy-python", "xla-compile")
 MODELS = ("gpt", "hf-gpt2")
 DTYPES = ("float32", "bfloat16")
 LR = 1e-3
+PIPE = 5  # the piped measure reads the loss every PIPE steps
 
 
 def _skip(model: str, dtype: str, runner: str, platform: str) -> str | None:
@@ -56,7 +62,7 @@ def _skip(model: str, dtype: str, runner: str, platform: str) -> str | None:
         return "no JAX port of HF GPT-2"
     if runner == "jax-cudnn" and (platform != "gpu" or dtype != "bfloat16"):
         return "cuDNN attention: GPU, bf16/fp16 only"
-    if runner == "lazy" and dtype == "bfloat16":
+    if runner.startswith("lazy") and dtype == "bfloat16":
         return "lazy mode is host-bound: float32 only"
     return None
 
@@ -93,15 +99,26 @@ def _loss_fn(model: str) -> Callable[[Any, Any, Any], Any]:
     return lambda m, x, y: m(input_ids=x, labels=y).loss
 
 
-def _time_steps(step: Callable[[Any, Any], float], batches: list, warmup: int) -> tuple[list[float], list[float]]:
-    """Wall and calling-thread CPU milliseconds of each step after the warm-up ones."""
+def _time_steps(step: Callable[[Any, Any, bool], Any], batches: list, warmup: int,
+                piped: list | None = None) -> tuple[list[float], list[float]]:
+    """Wall and calling-thread CPU milliseconds of each step after the warm-up ones, each step ending
+    with the loss read on the host. With ``piped``, then run the batches again reading the loss only
+    every ``PIPE`` steps and append each block's wall milliseconds per step to ``piped``: the host's
+    work for the next steps then overlaps the device's, as in a loop that logs every few steps."""
     wall, cpu = [], []
     for i, (x, y) in enumerate(batches):
         t0, c0 = time.perf_counter(), time.thread_time()
-        step(x, y)
+        step(x, y, True)
         if i >= warmup:
             wall.append((time.perf_counter() - t0) * 1e3)
             cpu.append((time.thread_time() - c0) * 1e3)
+    if piped is not None:
+        timed = batches[warmup:]
+        for b in range(0, len(timed) - PIPE + 1, PIPE):
+            t0 = time.perf_counter()
+            for j, (x, y) in enumerate(timed[b:b + PIPE]):
+                step(x, y, j == PIPE - 1)
+            piped.append((time.perf_counter() - t0) * 1e3 / PIPE)
     return wall, cpu
 
 
@@ -114,13 +131,15 @@ def _run_torch(case: dict, batches: list) -> tuple[list[float], list[float], dic
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     loss_of = _loss_fn(case["model"])
 
-    def step(x: Any, y: Any) -> float:
+    def step(x: Any, y: Any, read: bool) -> float | None:
         loss = loss_of(fwd, x.to(dev), y.to(dev))
         loss.backward()
         opt.step()
         opt.zero_grad()
-        return loss.item()
-    return (*_time_steps(step, batches, case["warmup"]), {"device": dev})
+        return loss.item() if read else None
+    piped: list[float] = []
+    wall, cpu = _time_steps(step, batches, case["warmup"], piped)
+    return wall, cpu, {"device": dev, "piped_ms": statistics.median(piped)}
 
 
 def _run_ours(case: dict, batches: list) -> tuple[list[float], list[float], dict]:
@@ -140,18 +159,32 @@ def _run_ours(case: dict, batches: list) -> tuple[list[float], list[float], dict
         return loss
     compiled = xla_dtensor.compile(train) if case["runner"] == "xla-compile" else None
 
-    def step(x: Any, y: Any) -> float:
+    parts: dict[str, list[float]] = {"record_ms": [], "sync_ms": [], "read_ms": []}
+
+    def step(x: Any, y: Any, read: bool) -> float | None:
         if compiled is not None:
-            return compiled(x.to(dev), y.to(dev)).item()
+            loss = compiled(x.to(dev), y.to(dev))
+            return loss.item() if read else None
+        t0 = time.perf_counter()
         loss = train(x.to(dev), y.to(dev))
+        t1 = time.perf_counter()
         xla_dtensor.sync()
-        return loss.item()
+        t2 = time.perf_counter()
+        value = loss.item() if read else None
+        for key, ms in zip(parts, (t1 - t0, t2 - t1, time.perf_counter() - t2)):
+            parts[key].append(1e3 * ms)
+        return value
     before = metrics.counters()
-    wall, cpu = _time_steps(step, batches, case["warmup"])
+    piped: list[float] = []
+    wall, cpu = _time_steps(step, batches, case["warmup"], piped)
     after = metrics.counters()
+    steps = case["warmup"] + case["steps"]  # the lazy parts of the steps that read every loss
+    split = {k: statistics.median(v[case["warmup"]:steps]) for k, v in parts.items() if v}
     import jax
+    from xla_dtensor.core import native
     facts = {k: after[k] - before[k] for k in ("fused_attention", "fused_attention_fallbacks", "compiles")}
-    return wall, cpu, {"device": str(jax.devices()[0].platform), **facts}
+    return wall, cpu, {"device": str(jax.devices()[0].platform), **facts, **split, "native": native.ON,
+                       "piped_ms": statistics.median(piped)}
 
 
 def _run_jax(case: dict, batches: list) -> tuple[list[float], list[float], dict]:
@@ -170,10 +203,12 @@ def _run_jax(case: dict, batches: list) -> tuple[list[float], list[float], dict]
         return jax.tree_util.tree_map(lambda a, b: a - LR * b, p, g), loss
     state = [params]
 
-    def step(x: Any, y: Any) -> float:
+    def step(x: Any, y: Any, read: bool) -> float | None:
         state[0], loss = sgd(state[0], jnp.asarray(x.numpy()), jnp.asarray(y.numpy()))
-        return float(loss)
-    return (*_time_steps(step, batches, case["warmup"]), {"device": str(jax.devices()[0].platform)})
+        return float(loss) if read else None
+    piped: list[float] = []
+    wall, cpu = _time_steps(step, batches, case["warmup"], piped)
+    return wall, cpu, {"device": str(jax.devices()[0].platform), "piped_ms": statistics.median(piped)}
 
 
 def run_case(case: dict) -> dict:
@@ -197,6 +232,8 @@ def _platform() -> str:
 def _one(case: dict, timeout: float) -> dict:
     cmd = [sys.executable, __file__, "--case", json.dumps(case)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if case["runner"] == "lazy-python":  # the recorder's Python reference path (xla_dtensor.core.native)
+        env["XLA_DTENSOR_NATIVE"] = "0"
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     except subprocess.TimeoutExpired:
@@ -228,6 +265,25 @@ def table(rows: list[dict]) -> str:
         fused = f"{ours['fused_attention']} ({ours['fused_attention_fallbacks']})" if "fused_attention" in ours else "-"
         lines.append("| " + " | ".join([m, s, d, *cells, ratio("xla-compile", "torch-compile"),
                                         ratio("xla-compile", "jax-cudnn"), fused]) + " |")
+    return "\n".join(lines)
+
+
+def lazy_table(rows: list[dict]) -> str:
+    """Markdown: each runner's step with the loss read every step and every ``PIPE`` steps, against torch
+    eager's, and where lazy mode's step goes (recording, ``sync()``, reading the loss)."""
+    eager = {(r["model"], r["size"], r["dtype"]): r for r in rows if r["runner"] == "torch-eager" and "step_ms" in r}
+    head = ["model", "size", "dtype", "runner", "step ms", f"piped ms (loss every {PIPE})", "/ torch-eager",
+            "piped / torch-eager piped", "thread CPU ms", "record ms", "sync ms", "read ms"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    for r in sorted((r for r in rows if "piped_ms" in r), key=lambda r: (r["model"], r["dtype"],
+                                                                          RUNNERS.index(r["runner"]))):
+        e = eager.get((r["model"], r["size"], r["dtype"]), {})
+        ratio = lambda a, b: f"{a / b:.3g}x" if a and b else "-"  # noqa: E731
+        lines.append("| " + " | ".join([r["model"], r["size"], r["dtype"], r["runner"], fmt(r["step_ms"]),
+                                        fmt(r["piped_ms"]), ratio(r["step_ms"], e.get("step_ms")),
+                                        ratio(r["piped_ms"], e.get("piped_ms")), fmt(r["cpu_ms"]),
+                                        *(fmt(r.get(k)) for k in ("record_ms", "sync_ms", "read_ms"))]) + " |")
     return "\n".join(lines)
 
 
@@ -263,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
     p.add_argument("--budget", type=float, default=3600.0, help="seconds for all cases: later ones are left out")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--merge", action="store_true", help="keep the saved rows of cases not run now")
     args = p.parse_args(argv)
     if args.case:
         print(json.dumps(run_case(json.loads(args.case))), flush=True)
@@ -279,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
              for r in args.runners.split(",") if not _skip(m, d, r, platform)]
     cases.sort(key=_priority)
     rows: list[dict] = []
+    saved = (args.out / f"accelerator_step_{platform}.json")
+    if args.merge and saved.exists():
+        now = {_key(c) for c in cases}
+        rows = [r for r in map(json.loads, saved.read_text().splitlines()) if _key(r) not in now]
     start = time.perf_counter()
     for case in cases:
         left = args.budget - (time.perf_counter() - start)
@@ -296,9 +357,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if rows and all("step_ms" in r for r in rows) else 1
 
 
+def _key(case: dict) -> tuple:
+    return case["model"], case["size"], case["dtype"], case["runner"]
+
+
 def _priority(case: dict) -> tuple:
     """Run order: what the comparison needs first (compiled runners, bf16, our GPT), eager and lazy last."""
-    rank = {"torch-compile": 0, "xla-compile": 1, "jax-cudnn": 2, "jax": 3, "torch-eager": 4, "lazy": 5}
+    rank = {"torch-compile": 0, "xla-compile": 1, "jax-cudnn": 2, "jax": 3, "torch-eager": 4, "lazy": 5,
+            "lazy-python": 6}
     return (rank[case["runner"]] >= 4, case["model"] != "gpt", case["dtype"] != "bfloat16", case["size"],
             rank[case["runner"]])
 
@@ -311,7 +377,8 @@ def _write(rows: list[dict], args: argparse.Namespace, platform: str) -> str:
     text = table(rows)
     stem.with_suffix(".md").write_text(f"# Training step, {platform}\n\nMedian of {args.steps} steps after "
                                        f"{args.warmup} warm-up steps, SGD, one process per case "
-                                       f"(`python benchmarks/accelerator_step.py`).\n\n{text}\n")
+                                       f"(`python benchmarks/accelerator_step.py`).\n\n{text}\n\n"
+                                       f"## Loss read every step and every {PIPE} steps\n\n{lazy_table(rows)}\n")
     plot(rows, stem.with_suffix(".png"))
     return text
 

@@ -28,6 +28,7 @@ from xla_dtensor.spmd.errors import (
     DependencyImportError,
     MeshDevicesError,
     NotShardableError,
+    TorchVersionError,
 )
 from xla_dtensor.spmd.gradients import mark_sharding_with_gradients
 from xla_dtensor.spmd.module import constrain_activation, distribute_module
@@ -40,7 +41,7 @@ install_hooks()
 
 __all__ = [
     "AUTO", "AlreadyDistributedError", "AutoPolicy", "auto_stats", "last_plan", "DependencyImportError", "HybridMesh", "Mesh", "MeshDevicesError",
-    "NotShardableError", "PlanError", "ShardingSpec", "XLAShard", "XLAShardedTensor", "as_mesh", "clear_sharding",
+    "NotShardableError", "PlanError", "TorchVersionError", "ShardingSpec", "XLAShard", "XLAShardedTensor", "as_mesh", "clear_sharding",
     "constrain_activation", "distribute_module", "distribute_tensor", "get_1d_mesh", "get_hlo_sharding",
     "get_spec", "init_device_mesh", "last_compiled_hlo", "mark_sharding",
     "mark_sharding_with_gradients", "parallelize_module", "submesh", "to_host", "use_spmd", "visualize_tensor_sharding",

@@ -26,5 +26,11 @@ class DependencyImportError(RuntimeError):
     """
 
 
+class TorchVersionError(RuntimeError):
+    """The installed torch cannot run sharded tensors: it sends every subclass of ``DTensor``
+    (``XLAShardedTensor`` is one) through DTensor's own C++ dispatcher instead of the
+    subclass's ``__torch_dispatch__`` (torch 2.10 and 2.11; pytorch/pytorch#177716)."""
+
+
 __all__ = ["AlreadyDistributedError", "DependencyImportError", "MeshDevicesError", "MetaParameterError",
-           "NotShardableError"]
+           "NotShardableError", "TorchVersionError"]

@@ -46,7 +46,7 @@ from xla_dtensor.sharding import ShardingSpec, shard_indices
 from xla_dtensor.spmd import annotate as A
 from xla_dtensor.core import layout as L
 from xla_dtensor.spmd import relayout as R
-from xla_dtensor.spmd.errors import MeshDevicesError
+from xla_dtensor.spmd.errors import MeshDevicesError, TorchVersionError
 
 _LAZY_DISPATCH = LazyTensor.__torch_dispatch__.__func__
 _LOCK = threads.LOCK
@@ -388,8 +388,47 @@ def _rewrap(x: Any) -> Any:
     return x
 
 
+class _Reached(Exception):
+    pass
+
+
+class _Probe(DTensor):
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        raise _Reached
+
+
+def subclass_dispatch_works() -> bool:
+    """Whether this torch calls a ``DTensor`` subclass's own ``__torch_dispatch__`` (found by trying
+    it on a meta tensor: torch 2.10 and 2.11 send the subclass to DTensor's C++ dispatcher)."""
+    probe = torch.Tensor._make_wrapper_subclass(_Probe, (1,), dtype=torch.float32, device="meta")
+    try:
+        probe.detach()
+    except _Reached:
+        return True
+    except Exception:  # noqa: BLE001 - DTensor's dispatcher reading the probe's unset fields
+        return False
+    return False
+
+
+_DISPATCH_OK: list[bool] = []  # the probe's answer, found at the first sharded tensor
+
+
+def _check_torch() -> None:
+    if not _DISPATCH_OK:
+        _DISPATCH_OK.append(subclass_dispatch_works())
+    if not _DISPATCH_OK[0]:
+        raise TorchVersionError(
+            f"sharded tensors need torch >= 2.12; torch {torch.__version__} sends every subclass of DTensor "
+            "(XLAShardedTensor is one) through DTensor's own C++ dispatcher, which bypasses the subclass's "
+            "__torch_dispatch__ (pytorch/pytorch#177716, fixed in 2.12). Lazy mode and xla_dtensor.compile on "
+            "one device work on this torch; upgrade torch to shard.")
+
+
 def _wrap_plain(t: LazyTensor) -> XLAShardedTensor:
     """A new ``XLAShardedTensor`` object over ``t``'s storage (no autograd history)."""
+    if not _DISPATCH_OK or not _DISPATCH_OK[0]:
+        _check_torch()
     out = wrap_like(XLAShardedTensor, t)
     if is_view(t):
         entry = A._VIEW_SPECS.get(id(t))
