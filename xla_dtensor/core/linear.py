@@ -25,7 +25,7 @@ import torch
 
 from xla_dtensor import metrics
 from xla_dtensor.config import config
-from xla_dtensor.core.tensor import SUBCLASSES, LazyTensor
+from xla_dtensor.core.tensor import SUBCLASSES, LazyTensor, call_op
 from xla_dtensor.ops.fused_linear import LINEAR, LINEAR_BACKWARD
 
 aten = torch.ops.aten
@@ -39,7 +39,7 @@ class _Linear(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: Any) -> torch.Tensor:
         ctx.save_for_backward(x, w)
         ctx.has_bias = b is not None
-        return LINEAR(x, w, b)
+        return call_op(LINEAR, x, w, b)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -49,7 +49,7 @@ class _Linear(torch.autograd.Function):
                 and grad.dtype == x.dtype and config.fused_linear:
             # one recorded op; torch ops below when a graph of the gradient is wanted (double backward)
             metrics.incr("fused_linear_backward")
-            grads = LINEAR_BACKWARD(grad, x, w, ctx.has_bias)
+            grads = call_op(LINEAR_BACKWARD, grad, x, w, ctx.has_bias)
             return grads[0], grads[1], grads[2] if ctx.has_bias else None
         gx = grad @ w if ctx.needs_input_grad[0] else None
         flat = grad.reshape(-1, grad.shape[-1])
@@ -87,7 +87,7 @@ def _route(x: Any, w: Any, b: Any = None) -> Any:
             return _Linear.apply(x, w, b)
         return _APPLY(x, w, b)  # NOTE: torch's C entry, without Function.apply's Python (functorch's wrappers)
     with torch._C._AutoDispatchBelowAutograd():
-        return LINEAR(x, w, b)
+        return call_op(LINEAR, x, w, b)
 
 
 _APPLY = super(torch.autograd.Function, _Linear).apply  # what Function.apply calls without functorch

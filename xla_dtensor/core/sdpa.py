@@ -31,7 +31,7 @@ import torch
 from xla_dtensor import metrics
 from xla_dtensor.config import config
 from xla_dtensor.core.state import STATE
-from xla_dtensor.core.tensor import LazyTensor
+from xla_dtensor.core.tensor import LazyTensor, call_op
 from xla_dtensor.ops.fused_attention import ATTENTION, ATTENTION_BACKWARD, refusal, warn_once
 
 aten = torch.ops.aten
@@ -64,7 +64,7 @@ class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, bias: Any,
                 is_causal: bool, scale: float) -> torch.Tensor:
-        out = ATTENTION(q, k, v, mask, bias, is_causal, scale)
+        out = call_op(ATTENTION, q, k, v, mask, bias, is_causal, scale)
         ctx.save_for_backward(q, k, v, mask, bias, out)
         ctx.is_causal, ctx.scale = is_causal, scale
         return out
@@ -72,7 +72,7 @@ class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         q, k, v, mask, bias, out = ctx.saved_tensors
-        dq, dk, dv = ATTENTION_BACKWARD(grad, q, k, v, mask, bias, out, ctx.is_causal, ctx.scale)
+        dq, dk, dv = call_op(ATTENTION_BACKWARD, grad, q, k, v, mask, bias, out, ctx.is_causal, ctx.scale)
         return dq, dk, dv, None, None, None, None
 
 
