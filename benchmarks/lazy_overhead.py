@@ -495,4 +495,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # ``benchmarks.*`` from a plain checkout
     main()
