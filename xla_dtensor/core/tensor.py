@@ -171,14 +171,15 @@ class LazyTensor(torch.Tensor):
 
 _PLAIN_ARGS = frozenset({type(None), bool, int, float})
 _DISPATCH_STACK = torch._C._len_torch_dispatch_stack
+_FUNCTORCH = torch._C._are_functorch_transforms_active
 
 
 def call_op(op: Any, *args: Any) -> Any:
     """``op(*args)`` for one of the core's own ops, called below autograd (the fused linear's and
     attention's forward and backward): straight into ``LazyTensor``'s dispatch entry when every
-    tensor argument is a plain ``LazyTensor`` and no ``TorchDispatchMode`` is active, which is where
-    torch's dispatcher would take it, without its ~5 us per call; else through torch (a mode sees
-    the op; a subclass's own ``__torch_dispatch__`` runs).
+    tensor argument is a plain ``LazyTensor`` and no ``TorchDispatchMode`` or functorch transform is
+    active, which is where torch's dispatcher would take it, without its ~5 us per call; else through
+    torch (a mode or transform sees the op; a subclass's own ``__torch_dispatch__`` runs).
 
     Example:
         >>> import torch, xla_dtensor
@@ -186,7 +187,7 @@ def call_op(op: Any, *args: Any) -> Any:
         >>> call_op(torch.ops.aten.add.Tensor, x, x).shape
         torch.Size([2, 3])
     """
-    if not _DISPATCH_STACK():
+    if not _DISPATCH_STACK() and not _FUNCTORCH():
         for a in args:
             if type(a) is not LazyTensor and type(a) not in _PLAIN_ARGS:
                 return op(*args)
