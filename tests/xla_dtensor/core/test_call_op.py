@@ -83,3 +83,12 @@ def test_a_sharded_input_keeps_its_class(dev):
     assert type(y) is type(x)
     torch.testing.assert_close(y.full_tensor().cpu() if hasattr(y, "full_tensor") else y.cpu(),
                                F.linear(x.full_tensor().cpu(), w.full_tensor().cpu()))
+
+
+def test_functorch_grad_and_vmap_match_cpu(dev):
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 3, 8), torch.randn(5, 8)
+    f = lambda w, x: F.linear(x, w).square().sum()  # noqa: E731
+    torch.testing.assert_close(torch.func.grad(f)(w.to(dev), x.to(dev)).cpu(), torch.func.grad(f)(w, x))
+    torch.testing.assert_close(torch.func.vmap(lambda x: F.linear(x, w.to(dev)))(x.to(dev)).cpu(),
+                               torch.func.vmap(lambda x: F.linear(x, w))(x))
