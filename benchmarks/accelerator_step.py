@@ -114,11 +114,12 @@ def _time_steps(step: Callable[[Any, Any, bool], Any], batches: list, warmup: in
             cpu.append((time.thread_time() - c0) * 1e3)
     if piped is not None:
         timed = batches[warmup:]
-        for b in range(0, len(timed) - PIPE + 1, PIPE):
+        block = max(1, min(PIPE, len(timed)))  # fewer timed steps than PIPE (a smoke run): one block of them all
+        for b in range(0, len(timed) - block + 1, block):
             t0 = time.perf_counter()
-            for j, (x, y) in enumerate(timed[b:b + PIPE]):
-                step(x, y, j == PIPE - 1)
-            piped.append((time.perf_counter() - t0) * 1e3 / PIPE)
+            for j, (x, y) in enumerate(timed[b:b + block]):
+                step(x, y, j == block - 1)
+            piped.append((time.perf_counter() - t0) * 1e3 / block)
     return wall, cpu
 
 

@@ -9,10 +9,13 @@ import pytest
 from benchmarks import accelerator_step as bench
 
 
-@pytest.mark.parametrize("runner", ["torch-eager", "jax"])
+@pytest.mark.parametrize("runner", ["torch-eager", "jax", "lazy"])
 def test_runner_in_process(runner):
     row = bench.run_case(dict(model="gpt", size="small", dtype="float32", runner=runner, steps=2, warmup=1))
-    assert row["step_ms"] > 0 and len(row["steps_ms"]) == 2
+    assert row["step_ms"] > 0 and len(row["steps_ms"]) == 2 and row["piped_ms"] > 0
+    if runner == "lazy":  # its step split: recording, sync(), reading the loss (wall ms of each)
+        assert min(row["record_ms"], row["sync_ms"], row["read_ms"]) > 0
+        assert row["record_ms"] + row["sync_ms"] + row["read_ms"] <= 1.05 * max(row["steps_ms"])
 
 
 def test_driver_runs_our_compiled_step_in_its_own_process(tmp_path, capsys):
