@@ -341,6 +341,16 @@ def _run_case(name: str, args: argparse.Namespace) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _sharded_case(name: str, args: argparse.Namespace) -> dict:
+    """A sharded case's row, or ``{"error": its last line}`` (e.g. ``TorchVersionError`` on torch 2.11):
+    the one-device table still prints."""
+    try:
+        return _run_case(name, args)
+    except subprocess.CalledProcessError as e:
+        lines = (e.stderr or "").strip().splitlines()
+        return {"error": lines[-1] if lines else f"exit {e.returncode}"}
+
+
 def _alternated(args: argparse.Namespace) -> tuple[dict, dict, dict, dict]:
     """The torch, lazy, lazy_python and lazy_engine cases run in turn ``--rounds`` times (one process
     each); each one's round closest to its median host time, with the ratios' medians over rounds.
@@ -393,11 +403,16 @@ def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, py: dict, pr: dic
         ("  its / backward on caller", statistics.median(eng["vs_caller"])),
         ("  its host wall / torch eager wall", statistics.median(eng["wall_ratios"])),
     ]
+    failed = []
     for name, sh in sharded.items():
+        if "error" in sh:
+            failed.append(f"{name}: failed: {sh['error']}")
+            continue
         rows += [(f"{name}: host CPU ms / step", sh["cpu_ms"]), (f"{name} / one device", sh["cpu_ms"] / lz["cpu_ms"]),
                  (f"{name}: ops recorded / step", sh["ops"])]
     for name, v in rows:
         lines.append(f"{name:<38}{v:>10.2f}")
+    lines += failed
     lines.append(f"lazy / torch eager per round: {', '.join(f'{r:.2f}' for r in lz['ratios'])} "
                  "(torch, then lazy, in turn; the table: the median round of each, the ratios' median)")
     lines.append(f"C / Python recorder per round: {', '.join(f'{r:.2f}' for r in py['c_vs_python'])}")
@@ -484,7 +499,7 @@ def main() -> None:
         return
     t, lz, eng, py = _alternated(args)
     pr = _run_case("profile", args)
-    sharded = {"lazy 2x4 Megatron": _run_case("lazy_tp", args), "lazy AUTO 2x4": _run_case("lazy_auto", args)}
+    sharded = {"lazy 2x4 Megatron": _sharded_case("lazy_tp", args), "lazy AUTO 2x4": _sharded_case("lazy_auto", args)}
     section = _table(args.label, args.opt, t, lz, eng, py, pr, sharded)
     print(section)
     if not args.no_save:
