@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
              for r in args.runners.split(",") if not _skip(m, d, r, platform)]
     cases.sort(key=_priority)
     rows: list[dict] = []
-    saved = (args.out / f"accelerator_step_{platform}.json")
+    saved = _stem(args.out, platform).with_suffix(".json")
     if args.merge and saved.exists():
         now = {_key(c) for c in cases}
         rows = [r for r in map(json.loads, saved.read_text().splitlines()) if _key(r) not in now]
@@ -358,6 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if rows and all("step_ms" in r for r in rows) else 1
 
 
+def _stem(out: Path, platform: str) -> Path:
+    """Where the results of ``platform`` go (``.json``, ``.md``, ``.png`` beside it)."""
+    return out / f"accelerator_step_{platform}"
+
+
 def _key(case: dict) -> tuple:
     return case["model"], case["size"], case["dtype"], case["runner"]
 
@@ -373,7 +378,7 @@ def _priority(case: dict) -> tuple:
 def _write(rows: list[dict], args: argparse.Namespace, platform: str) -> str:
     """Write the JSON lines, the table and the plot for ``rows`` (after every case: a cut-off run keeps them)."""
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"accelerator_step_{platform}"
+    stem = _stem(args.out, platform)
     stem.with_suffix(".json").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     text = table(rows)
     stem.with_suffix(".md").write_text(f"# Training step, {platform}\n\nMedian of {args.steps} steps after "

@@ -30,6 +30,7 @@ Single-controller semantics (one program for every device; see docs/spmd.md):
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -398,8 +399,9 @@ class _Probe(DTensor):
         raise _Reached
 
 
+@functools.cache
 def subclass_dispatch_works() -> bool:
-    """Whether this torch calls a ``DTensor`` subclass's own ``__torch_dispatch__`` (found by trying
+    """Whether this torch calls a ``DTensor`` subclass's own ``__torch_dispatch__`` (found once, by trying
     it on a meta tensor: torch 2.10 and 2.11 send the subclass to DTensor's C++ dispatcher)."""
     probe = torch.Tensor._make_wrapper_subclass(_Probe, (1,), dtype=torch.float32, device="meta")
     try:
@@ -411,24 +413,14 @@ def subclass_dispatch_works() -> bool:
     return False
 
 
-_DISPATCH_OK: list[bool] = []  # the probe's answer, found at the first sharded tensor
-
-
-def _check_torch() -> None:
-    if not _DISPATCH_OK:
-        _DISPATCH_OK.append(subclass_dispatch_works())
-    if not _DISPATCH_OK[0]:
+def _wrap_plain(t: LazyTensor) -> XLAShardedTensor:
+    """A new ``XLAShardedTensor`` object over ``t``'s storage (no autograd history)."""
+    if not subclass_dispatch_works():
         raise TorchVersionError(
             f"sharded tensors need torch >= 2.12; torch {torch.__version__} sends every subclass of DTensor "
             "(XLAShardedTensor is one) through DTensor's own C++ dispatcher, which bypasses the subclass's "
             "__torch_dispatch__ (pytorch/pytorch#177716, fixed in 2.12). Lazy mode and xla_dtensor.compile on "
             "one device work on this torch; upgrade torch to shard.")
-
-
-def _wrap_plain(t: LazyTensor) -> XLAShardedTensor:
-    """A new ``XLAShardedTensor`` object over ``t``'s storage (no autograd history)."""
-    if not _DISPATCH_OK or not _DISPATCH_OK[0]:
-        _check_torch()
     out = wrap_like(XLAShardedTensor, t)
     if is_view(t):
         entry = A._VIEW_SPECS.get(id(t))

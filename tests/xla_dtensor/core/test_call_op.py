@@ -81,8 +81,7 @@ def test_a_sharded_input_keeps_its_class(dev):
     w = xla_dtensor.distribute_tensor(torch.randn(5, 8), mesh, [Replicate()])
     y = F.linear(x, w)
     assert type(y) is type(x)
-    torch.testing.assert_close(y.full_tensor().cpu() if hasattr(y, "full_tensor") else y.cpu(),
-                               F.linear(x.full_tensor().cpu(), w.full_tensor().cpu()))
+    torch.testing.assert_close(y.full_tensor().cpu(), F.linear(x.full_tensor().cpu(), w.full_tensor().cpu()))
 
 
 def test_functorch_grad_and_vmap_match_cpu(dev):

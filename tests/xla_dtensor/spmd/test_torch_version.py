@@ -29,12 +29,15 @@ def test_probe_matches_a_real_sharded_tensor() -> None:
 
 
 @pytest.fixture
-def old_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+def old_torch(monkeypatch: pytest.MonkeyPatch):
     """The probe answers as on torch 2.11: DTensor's dispatcher reads the probe's unset ``_spec``."""
     def bypassing(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN202
         return args[0]._spec  # what DTensor's own dispatcher does first: the slot is unset
     monkeypatch.setattr(S._Probe, "__torch_dispatch__", classmethod(bypassing))
-    monkeypatch.setattr(S, "_DISPATCH_OK", [])
+    S.subclass_dispatch_works.cache_clear()
+    yield
+    monkeypatch.undo()
+    S.subclass_dispatch_works.cache_clear()  # the next sharded tensor probes this torch again
 
 
 def test_old_torch_refuses_distribute_tensor(old_torch: None) -> None:
