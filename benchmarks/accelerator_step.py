@@ -7,7 +7,10 @@ step ends with the loss read on the host), the calling thread's CPU time per ste
 with the loss read only every ``PIPE`` steps (the host's work then overlaps the device's), and
 for our runners the attention ops taken through the fused path; lazy mode's rows also split
 its step into recording, ``sync()`` and reading the loss. ``lazy-python`` is lazy mode with the
-recorder's Python path (``XLA_DTENSOR_NATIVE=0``). The driver collects the lines, prints the
+recorder's Python path (``XLA_DTENSOR_NATIVE=0``); ``lazy-whole`` and ``lazy-phased`` set
+``config.launch_at_backward`` to ``False`` (the step as one program from ``sync()``) and ``True`` (the
+forward launched as ``backward()`` starts, the backward as it ends), where ``lazy`` takes the
+default (phased on a GPU or TPU, whole on CPU). The driver collects the lines, prints the
 tables, and writes ``benchmarks/results/accelerator_step_<platform>.{json,md,png}``
 (``--merge`` keeps the saved rows of the cases not run now).
 
@@ -49,7 +52,9 @@ SIZES = {  # layers, width, heads, sequence, batch, vocab
     "small": dict(n_layer=2, n_embd=64, n_head=4, seq=32, batch=2, vocab=256),
     "medium": dict(n_layer=12, n_embd=768, n_head=12, seq=512, batch=16, vocab=8192),
 }
-RUNNERS = ("torch-eager", "torch-compile", "jax", "jax-cudnn", "lazy", "lazy-python", "xla-compile")
+RUNNERS = ("torch-eager", "torch-compile", "jax", "jax-cudnn", "lazy", "lazy-whole", "lazy-phased", "lazy-python",
+           "xla-compile")
+PHASED = {"lazy-whole": False, "lazy-phased": True}  # config.launch_at_backward of these lazy runners
 MODELS = ("gpt", "hf-gpt2")
 DTYPES = ("float32", "bfloat16")
 LR = 1e-3
@@ -175,17 +180,24 @@ def _run_ours(case: dict, batches: list) -> tuple[list[float], list[float], dict
         for key, ms in zip(parts, (t1 - t0, t2 - t1, time.perf_counter() - t2)):
             parts[key].append(1e3 * ms)
         return value
-    before = metrics.counters()
-    piped: list[float] = []
-    wall, cpu = _time_steps(step, batches, case["warmup"], piped)
-    after = metrics.counters()
+    from xla_dtensor.core import phases
+    saved = xla_dtensor.config.launch_at_backward
+    xla_dtensor.config.launch_at_backward = PHASED.get(case["runner"], saved)  # lazy: the default
+    try:
+        phased = compiled is None and phases.launches()
+        before = metrics.counters()
+        piped: list[float] = []
+        wall, cpu = _time_steps(step, batches, case["warmup"], piped)
+        after = metrics.counters()
+    finally:
+        xla_dtensor.config.launch_at_backward = saved
     steps = case["warmup"] + case["steps"]  # the lazy parts of the steps that read every loss
     split = {k: statistics.median(v[case["warmup"]:steps]) for k, v in parts.items() if v}
     import jax
     from xla_dtensor.core import native
     facts = {k: after[k] - before[k] for k in ("fused_attention", "fused_attention_fallbacks", "compiles")}
     return wall, cpu, {"device": str(jax.devices()[0].platform), **facts, **split, "native": native.ON,
-                       "piped_ms": statistics.median(piped)}
+                       "piped_ms": statistics.median(piped), "phased": phased}
 
 
 def _run_jax(case: dict, batches: list) -> tuple[list[float], list[float], dict]:
@@ -370,7 +382,7 @@ def _key(case: dict) -> tuple:
 def _priority(case: dict) -> tuple:
     """Run order: what the comparison needs first (compiled runners, bf16, our GPT), eager and lazy last."""
     rank = {"torch-compile": 0, "xla-compile": 1, "jax-cudnn": 2, "jax": 3, "torch-eager": 4, "lazy": 5,
-            "lazy-python": 6}
+            "lazy-whole": 6, "lazy-phased": 7, "lazy-python": 8}
     return (rank[case["runner"]] >= 4, case["model"] != "gpt", case["dtype"] != "bfloat16", case["size"],
             rank[case["runner"]])
 

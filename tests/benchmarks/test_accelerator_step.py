@@ -9,11 +9,15 @@ import pytest
 from benchmarks import accelerator_step as bench
 
 
-@pytest.mark.parametrize("runner", ["torch-eager", "jax", "lazy"])
+@pytest.mark.parametrize("runner", ["torch-eager", "jax", "lazy", "lazy-phased"])
 def test_runner_in_process(runner):
+    import xla_dtensor
     row = bench.run_case(dict(model="gpt", size="small", dtype="float32", runner=runner, steps=2, warmup=1))
     assert row["step_ms"] > 0 and len(row["steps_ms"]) == 2 and row["piped_ms"] > 0
-    if runner == "lazy":  # its step split: recording, sync(), reading the loss (wall ms of each)
+    assert xla_dtensor.config.launch_at_backward is None  # the runner's setting is undone
+    if runner.startswith("lazy"):
+        assert row["phased"] is (runner == "lazy-phased")  # on CPU lazy mode's default runs the step whole
+    if runner.startswith("lazy"):  # its step split: recording, sync(), reading the loss (wall ms of each)
         assert min(row["record_ms"], row["sync_ms"], row["read_ms"]) > 0
         assert row["record_ms"] + row["sync_ms"] + row["read_ms"] <= 1.05 * max(row["steps_ms"])
 

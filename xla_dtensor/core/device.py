@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import warnings
 
@@ -232,3 +233,16 @@ def device(index: int = 0) -> torch.device:
     if index != 0:
         raise ValueError(f"the jax device has one index (0); SPMD spreads it over all JAX devices, got {index}")
     return torch.device(DEVICE_NAME, 0)
+
+
+@functools.cache
+def platform() -> str:
+    """Where the device's programs run: jax's default backend (``"cpu"``, ``"gpu"``, ``"tpu"``), read once.
+
+    Example:
+        >>> from xla_dtensor.core.device import platform
+        >>> platform() in ("cpu", "gpu", "tpu")
+        True
+    """
+    import jax
+    return jax.default_backend()

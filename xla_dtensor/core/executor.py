@@ -172,7 +172,12 @@ def lower(plan: Plan, donate_idx: tuple[int, ...] = (), order: list[int] | None 
     program = make_program(plan.fns, plan.wiring, plan.shardings, plan.outs)
     if order is not None:
         program = _permuted(program, order)
-    return jax.jit(program, donate_argnums=donate_idx).lower(*arguments(plan, order))
+    with warnings.catch_warnings():
+        # NOTE: every leaf buffer no live tensor holds is donated, not only those an output can take over:
+        # a backward launched on its own (core.phases) reads activations autograd has freed; XLA reuses
+        # what it can and jax frees the rest, which it warns about
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        return jax.jit(program, donate_argnums=donate_idx).lower(*arguments(plan, order))
 
 
 def arg_order(n_leaves: int, donated: set[int], partners: Iterable[int | None]) -> list[int]:

@@ -30,6 +30,7 @@ import torch
 
 from xla_dtensor import metrics
 from xla_dtensor.config import config
+from xla_dtensor.core.device import platform
 from xla_dtensor.core.state import STATE
 from xla_dtensor.core.tensor import LazyTensor, call_op
 from xla_dtensor.ops.fused_attention import ATTENTION, ATTENTION_BACKWARD, refusal, warn_once
@@ -38,14 +39,6 @@ aten = torch.ops.aten
 _FLASH = 1  # torch's SDPBackend.flash_attention as _fused_sdp_choice returns it
 _CHOICE: dict[tuple, int] = {}  # (q, k, v metadata, is_causal, scale, flash enabled) -> CPU's choice
 _LIB = torch.library.Library("aten", "IMPL")  # noqa: TOR901  (kept alive: the registration lives with it)
-_PLATFORM: list[str] = []  # jax's default backend, read at the first fused call
-
-
-def _platform() -> str:
-    if not _PLATFORM:
-        import jax
-        _PLATFORM.append(jax.default_backend())
-    return _PLATFORM[0]
 
 
 def _cpu_choice(q: LazyTensor, k: LazyTensor, v: LazyTensor, is_causal: bool, scale: float | None) -> int:
@@ -116,7 +109,7 @@ def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, bias: An
     Also the target of the hand-written pattern (:mod:`xla_dtensor.core.attention_pattern`).
     """
     metrics.incr("fused_attention")
-    why = refusal(_platform(), str(q.dtype).removeprefix("torch."), q.shape[-1])
+    why = refusal(platform(), str(q.dtype).removeprefix("torch."), q.shape[-1])
     if why:
         metrics.incr("fused_attention_fallbacks")
         warn_once(why)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from xla_dtensor.core import ir as _ir
 from xla_dtensor.core import threads as _threads
 from xla_dtensor.core.device import DEVICE_NAME
 from xla_dtensor.core.ir import Node
@@ -91,6 +92,13 @@ class LazyTensor(torch.Tensor):
                 return _dispatch_error(func, args, kwargs or {}, error)
             finally:
                 STATE.owner = outer
+
+    def backward(self, gradient: Any = None, retain_graph: Any = None, create_graph: bool = False,
+                 inputs: Any = None) -> None:
+        """``torch.Tensor.backward``; in lazy mode it launches the pending forward as it starts and
+        the backward as it ends (``config.launch_at_backward``, :mod:`xla_dtensor.core.phases`)."""
+        from xla_dtensor.core import phases
+        phases.backward(self, gradient, retain_graph, create_graph, inputs)
 
     # NOTE: these two make torch treat us as a traceable wrapper subclass, so that
     # ``module.to(dev)`` swaps parameters in place (``torch.utils.swap_tensors``) instead
@@ -333,7 +341,11 @@ def value_of(t: LazyTensor) -> Node:
         return t._storage.value
     s = t._storage
     if t._seen == s.version:
-        return t._vcache  # type: ignore[return-value]
+        v = t._vcache
+        # NOTE: a pending view made before the last barrier (of a storage that barrier did not change) is
+        # made again: off the tape, it would make every later sync that reads it walk its graph (core.plan_cache)
+        if v.fn is None or v.tix >= _ir._BASE or v.data is not None:  # type: ignore[union-attr]
+            return v  # type: ignore[return-value]
     v = s.value
     for step in t._chain:
         v = step.replay(v)

@@ -51,7 +51,7 @@ from torch import nn
 import autoshard
 from autoshard.guard import verdict
 from mesh import Mesh, Topology, topology_for
-from xla_dtensor.core import executor, state
+from xla_dtensor.core import executor, phases, state
 from xla_dtensor.core.tensor import LazyTensor, Storage, storage_of
 from xla_dtensor.sharding import ShardingSpec
 from xla_dtensor.spmd import annotate as A
@@ -201,9 +201,17 @@ def prepare_optimizer(optimizer: torch.optim.Optimizer, m: Mesh, policy: AutoPol
 
 def _register(scope: _Scope) -> None:
     _WAITING.append(scope)
+    if _whole_steps not in phases.WHOLE_STEP:
+        phases.WHOLE_STEP.append(_whole_steps)
     if _pre_sync not in executor.PRE_SYNC:
         executor.PRE_SYNC.insert(0, _pre_sync)  # NOTE: before the sticky-spec hook, which then sees our specs
     _install_optimizer_hook()
+
+
+def _whole_steps() -> bool:
+    """Whether a live scope waits for its plan or re-applies its activation table: both read the whole
+    step's graph at one sync, so ``backward()`` must not launch the step in phases (core.phases)."""
+    return any(s.owner() is not None for s in _WAITING + _TABLES)
 
 
 def _hints(named: Iterator[tuple[str, torch.Tensor]], m: Mesh) -> dict[str, ShardingSpec]:

@@ -103,7 +103,7 @@ def test_switch_off_and_unfusable_calls_decompose():
 def test_a_call_the_gpu_kernel_cannot_take_is_counted_and_warned(monkeypatch):
     """float32 on a GPU: cuDNN's attention takes bf16/fp16 only, so the op runs XLA's math."""
     from xla_dtensor.core import sdpa
-    monkeypatch.setattr(sdpa, "_PLATFORM", ["gpu"])
+    monkeypatch.setattr(sdpa, "platform", lambda: "gpu")
     monkeypatch.setattr(fused_attention, "_WARNED", set())
     q = torch.randn(1, 2, 8, 16, device=DEV)
     before = metrics.counters()
