@@ -19,6 +19,8 @@ medians of 10 steps:
   ``wait()`` after ``sync()``: the wait's wall time).
 * ``lazy_python``: the lazy case recording with the Python reference instead of the C hot path
   (``XLA_DTENSOR_NATIVE=0``, see ``xla_dtensor/core/native.py``).
+* ``lazy_phased``: the lazy case with ``config.launch_at_backward = True`` (the default on a GPU or
+  TPU, off on CPU): ``backward()`` launches the forward as it starts and the gradients as it ends.
 * ``lazy_engine``: the lazy case with ``config.backward_on_caller = False``: torch runs the
   backward on its autograd device thread, whose CPU time is added to the calling thread's.
 * ``lazy_tp`` / ``lazy_auto``: the lazy case on 8 devices, 2x4 Megatron (``mark_sharding`` on
@@ -29,7 +31,7 @@ medians of 10 steps:
   hashing, output tensors, autograd and modules (everything outside our dispatch), the
   sync walk, ...). The profiler inflates Python-heavy parts; the shares are what matter.
 
-The torch, lazy, lazy_engine and lazy_python cases run in turn ``--rounds`` times (3): the table
+The torch, lazy, lazy_engine, lazy_python and lazy_phased cases run in turn ``--rounds`` times (3): the table
 gives the median round of each and the median of the rounds' ratios (the machine's speed drifts
 over minutes). The lazy cases also time single ops (:func:`_per_op`): ``torch.add`` and
 ``torch.mm`` of small tensors on the device, next to the same ops through a Python
@@ -211,12 +213,14 @@ def _per_op(dev: Any, n: int = 2000, reps: int = 7) -> dict:
     return out
 
 
-def case_lazy(args: argparse.Namespace, layout: str = "one", backward_on_caller: bool = True) -> dict:
+def case_lazy(args: argparse.Namespace, layout: str = "one", backward_on_caller: bool = True,
+              phased: bool = False) -> dict:
     import torch
     torch.set_num_threads(1)
     import xla_dtensor
     from xla_dtensor import metrics
     xla_dtensor.config.backward_on_caller = backward_on_caller  # before the thread's first op
+    xla_dtensor.config.launch_at_backward = phased
     dev = xla_dtensor.device()
     model, opt, batch = _setup(dev, args.opt) if layout == "one" else _setup_sharded(layout, args.opt)
     clock = _host_clock(model, opt, batch, xla_dtensor.sync)
@@ -331,6 +335,7 @@ def case_profile(args: argparse.Namespace) -> dict:
 CASES = {"torch": case_torch, "lazy": case_lazy, "profile": case_profile,
          "lazy_tp": lambda a: case_lazy(a, "tp"), "lazy_auto": lambda a: case_lazy(a, "auto"),
          "lazy_engine": lambda a: case_lazy(a, backward_on_caller=False),
+         "lazy_phased": lambda a: case_lazy(a, phased=True),
          "lazy_python": case_lazy}  # run with XLA_DTENSOR_NATIVE=0 (see _run_case)
 
 
@@ -351,18 +356,18 @@ def _sharded_case(name: str, args: argparse.Namespace) -> dict:
         return {"error": lines[-1] if lines else f"exit {e.returncode}"}
 
 
-def _alternated(args: argparse.Namespace) -> tuple[dict, dict, dict, dict]:
-    """The torch, lazy, lazy_python and lazy_engine cases run in turn ``--rounds`` times (one process
+def _alternated(args: argparse.Namespace) -> tuple[dict, dict, dict, dict, dict]:
+    """The torch, lazy, lazy_engine, lazy_python and lazy_phased cases run in turn ``--rounds`` times (one process
     each); each one's round closest to its median host time, with the ratios' medians over rounds.
 
     NOTE: the shared machine's speed drifts over minutes (one step's time varies 1.5x between
     runs of the same code): a ratio taken from two runs minutes apart says more about the
     drift than about the code, one from adjacent runs less.
     """
-    rounds = [tuple(_run_case(c, args) for c in ("torch", "lazy", "lazy_engine", "lazy_python"))
+    rounds = [tuple(_run_case(c, args) for c in ("torch", "lazy", "lazy_engine", "lazy_python", "lazy_phased"))
               for _ in range(args.rounds)]
     pick = lambda xs: sorted(xs, key=lambda r: r["cpu_ms"])[len(xs) // 2]  # noqa: E731
-    t, lz, eng, py = (pick([r[i] for r in rounds]) for i in range(4))
+    t, lz, eng, py, ph = (pick([r[i] for r in rounds]) for i in range(5))
     lz = {**lz, "ratios": [r[1]["cpu_ms"] / r[0]["cpu_ms"] for r in rounds],
           "wall_ratios": [r[1]["host_wall_ms"] / r[0]["wall_ms"] for r in rounds]}
     eng = {**eng, "ratios": [r[2]["cpu_ms"] / r[0]["cpu_ms"] for r in rounds],
@@ -370,10 +375,13 @@ def _alternated(args: argparse.Namespace) -> tuple[dict, dict, dict, dict]:
            "vs_caller": [r[2]["cpu_ms"] / r[1]["cpu_ms"] for r in rounds]}
     py = {**py, "ratios": [r[3]["cpu_ms"] / r[0]["cpu_ms"] for r in rounds],
           "c_vs_python": [r[1]["cpu_ms"] / r[3]["cpu_ms"] for r in rounds]}
-    return t, lz, eng, py
+    ph = {**ph, "vs_whole": [r[4]["cpu_ms"] / r[1]["cpu_ms"] for r in rounds],
+          "waited_vs_whole": [(r[4]["waited_host_ms"] + r[4]["device_ms"]) / (r[1]["waited_host_ms"] + r[1]["device_ms"])
+                              for r in rounds]}
+    return t, lz, eng, py, ph
 
 
-def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, py: dict, pr: dict, sharded: dict) -> str:
+def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, py: dict, ph: dict, pr: dict, sharded: dict) -> str:
     lines = [f"## {label} ({opt})", "", "```"]
     lines.append(f"{'case':<38}{'value':>10}")
     rows = [
@@ -402,6 +410,10 @@ def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, py: dict, pr: dic
         ("  its / torch eager", statistics.median(eng["ratios"])),
         ("  its / backward on caller", statistics.median(eng["vs_caller"])),
         ("  its host wall / torch eager wall", statistics.median(eng["wall_ratios"])),
+        ("launched in phases: CPU ms / step", ph["cpu_ms"]),
+        ("  its / one program", statistics.median(ph["vs_whole"])),
+        ("  its waited host + device ms", ph["waited_host_ms"] + ph["device_ms"]),
+        ("  its waited / one program's", statistics.median(ph["waited_vs_whole"])),
     ]
     failed = []
     for name, sh in sharded.items():
@@ -427,7 +439,8 @@ def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, py: dict, pr: dic
     lines.append("")
     lines.append("parts of a step, ms (CPU time of the threads that record):")
     lines.append(f"  {'':<22}" + "".join(f"{k:>15}" for k in lz["phases"]))
-    for who, res in (("torch eager", t), ("lazy", lz), ("lazy, Python recorder", py), ("lazy, autograd thread", eng)):
+    for who, res in (("torch eager", t), ("lazy", lz), ("lazy, Python recorder", py), ("lazy, autograd thread", eng),
+                     ("lazy, in phases", ph)):
         lines.append(f"  {who:<22}" + "".join(f"{res['phases'].get(k, 0.0):>15.2f}" for k in lz["phases"]))
     lines.append("")
     lines.append(f"profile (cProfile, thread CPU time; {pr['total_ms']:.1f} ms/step under the profiler), us per op:")
@@ -497,16 +510,16 @@ def main() -> None:
     if args.case:
         print(json.dumps(CASES[args.case](args)))
         return
-    t, lz, eng, py = _alternated(args)
+    t, lz, eng, py, ph = _alternated(args)
     pr = _run_case("profile", args)
     sharded = {"lazy 2x4 Megatron": _sharded_case("lazy_tp", args), "lazy AUTO 2x4": _sharded_case("lazy_auto", args)}
-    section = _table(args.label, args.opt, t, lz, eng, py, pr, sharded)
+    section = _table(args.label, args.opt, t, lz, eng, py, ph, pr, sharded)
     print(section)
     if not args.no_save:
         _save(f"{args.label} ({args.opt})", section, {"torch_ms": t["cpu_ms"], "lazy_cpu_ms": lz["cpu_ms"],
                                                       "us_per_op": lz["us_per_op"], "bins": pr["bins_us_per_op"],
                                                       "lazy": lz, "torch": t, "sharded": sharded, "lazy_engine": eng,
-                                                      "lazy_python": py})
+                                                      "lazy_python": py, "lazy_phased": ph})
 
 
 if __name__ == "__main__":

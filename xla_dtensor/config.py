@@ -77,7 +77,7 @@ class Config:
             it starts and the backward as it returns, so the device runs each while the host
             records the next. ``None`` (the default): on a GPU or TPU, not on CPU; ``True`` /
             ``False``: always / never. On an H100 it took a 12-layer GPT-2 step whose loss is
-            read every step from 1.85x torch eager's time to 1.06x; on CPU, where XLA's threads
+            read every step from 1.97x torch eager's time to 1.06x; on CPU, where XLA's threads
             share the host's cores, each launch only adds host time (~3 ms a 12-layer step).
             Never under ``xla_dtensor.compile`` or the AUTO policy. See
             ``xla_dtensor/core/phases.py``.

@@ -37,7 +37,7 @@ from autoshard.strategies.optimizer import FUSED_STEPS
 from xla_dtensor.core import ir_args as A
 from xla_dtensor.core.ir import DATA, GETITEM, PARAM, Node
 from xla_dtensor.core.signature import op_info
-from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, storage_of, value_of
+from xla_dtensor.core.tensor import LazyTensor, Storage, live, storage_of, value_of
 
 __all__ = ["graph_from_ir", "graph_from_ir_with_nodes", "pending_storages", "step_roles"]
 
@@ -49,7 +49,7 @@ Ref = tuple[int, int]
 
 def pending_storages() -> list[Storage]:
     """Live storages whose value is pending, in creation order: what ``sync()`` would run."""
-    return sorted((s for s in list(LIVE) if s.value.fn is not None), key=lambda s: s.seq)
+    return sorted((s for s in live() if s.value.fn is not None), key=lambda s: s.seq)
 
 
 def step_roles(module: Any, optimizer: Any = None) -> tuple[dict[Storage, str], dict[Storage, tuple[str, str]]]:
@@ -82,6 +82,11 @@ def graph_from_ir(storages: Sequence[Storage] | None = None, *, params: Mapping[
                   inputs: Mapping[Any, str] | None = None, grads: Mapping[str, Any] | None = None,
                   name: str = "graph") -> Graph:
     """Convert the pending IR of ``storages`` (default: :func:`pending_storages`) to a Graph.
+
+    A whole training step is pending only if ``backward()`` did not launch its forward and
+    backward on their own: on a GPU or TPU, set ``xla_dtensor.config.launch_at_backward = False``
+    while recording the step to convert (see ``xla_dtensor/core/phases.py``; the AUTO policy
+    does this for the modules it plans).
 
     Args:
         params: parameter storage (or lazy tensor) -> name.

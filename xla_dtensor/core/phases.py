@@ -11,13 +11,16 @@ launches the optimizer step.
 
 On by default on a GPU or TPU (``xla_dtensor.config.launch_at_backward``: ``None``), where
 the device's time is worth overlapping. Measured on one H100 (12-layer GPT-2 width 768,
-float32, SGD, the loss read every step, ``benchmarks/accelerator_step.py``): the step went
-from 79.0 to 45.2 ms against torch eager's 42.8 (1.85x to 1.06x); transformers' GPT-2 from
-108.2 to 70.4 ms against 59.7. A loop that reads the loss only every few steps already
-overlaps the next step's recording with the device, and there the two extra launches cost
-5-8%. Off by default on CPU: XLA's threads share the host's cores, so there is little to
+float32, SGD, ``benchmarks/accelerator_step.py``): with the loss read every step, the step
+went from 84.0 to 45.0 ms against torch eager's 42.6 (1.97x to 1.06x), transformers' GPT-2
+from 108.7 to 54.5 ms against 60.3 (1.80x to 0.90x); with the loss read every 5th step,
+where the next steps' recording already overlaps the device, from 51.9 to 45.1 ms and from
+60.8 to 56.9 ms. Off by default on CPU: XLA's threads share the host's cores, so there is little to
 overlap, and each launch adds host time (~3 ms a 12-layer width-64 step on the 2-core
 development machine).
+
+The price: the fused attention's backward recomputes its forward (the residuals stay inside
+the forward's program), and fusion stops at the two launches.
 
 Never under ``xla_dtensor.compile`` (which records the call as one program), in eager mode
 (nothing is pending), or while a component listed in :data:`WHOLE_STEP` needs each step

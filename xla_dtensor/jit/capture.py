@@ -50,7 +50,7 @@ from xla_dtensor.core import ir_args as A
 from xla_dtensor.core import tensor as T
 from xla_dtensor.core.ir import DATA, GETITEM, PARAM, Node
 from xla_dtensor.core.signature import op_info
-from xla_dtensor.core.tensor import LIVE, LazyTensor, Storage, is_view, meta_of, storage_of, value_of
+from xla_dtensor.core.tensor import LazyTensor, Storage, is_view, live, meta_of, storage_of, value_of
 from xla_dtensor.jit import host_reads as HR
 from xla_dtensor.jit import layouts, padded
 from xla_dtensor.jit.args import chain_key
@@ -171,7 +171,7 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
     """Run ``fn`` lazily and record it. Returns the capture and ``fn``'s own result."""
     # NOTE: in creation order: a WeakSet's iteration order depends on its insertion/deletion history,
     # and the program's input/output order (hence the re-check's structural compare) must not.
-    before = {id(s): (weakref.ref(s), s.value) for s in sorted(LIVE, key=_seq)}
+    before = {id(s): (weakref.ref(s), s.value) for s in sorted(live(), key=_seq)}
     start = next(T._SEQ)
     params = _params(flat)
     grad_at, grad_before = _grads_at_start(params)
@@ -210,7 +210,7 @@ def capture(fn: Any, args: tuple, kwargs: dict, flat: list) -> tuple[Capture, An
         written_old.append(old)
         wstorages.append(s)
     out_tensors = [t for t in out_leaves if isinstance(t, LazyTensor)]
-    layouts.run_hooks(list(LIVE))  # NOTE: every pending storage, as sync() would: a path that syncs next skips them
+    layouts.run_hooks(live())  # NOTE: every pending storage, as sync() would: a path that syncs next skips them
     roots = _roots(wstorages, grads, out_tensors)
     mesh = layouts.settle_state(executor.make_plan(roots), wstorages, written_old, [ref() for ref, _ in grads],
                                 [x for x in flat if isinstance(x, torch.optim.Optimizer)], start)
@@ -288,7 +288,7 @@ def _seq(s: Storage) -> int:
 
 def _escaped(start: int, out_storages: set[int], grad_storages: dict[int, Storage]) -> int:
     n = 0
-    for s in list(LIVE):
+    for s in live():
         if s.seq > start and id(s) not in out_storages and id(s) not in grad_storages:
             n += 1
     return n
