@@ -78,7 +78,7 @@ class Config:
             records the next. ``None`` (the default): on a GPU or TPU, not on CPU; ``True`` /
             ``False``: always / never. On an H100 it took a 12-layer GPT-2 step whose loss is
             read every step from 1.97x torch eager's time to 1.06x; on CPU, where XLA's threads
-            share the host's cores, each launch only adds host time (~3 ms a 12-layer step).
+            share the host's cores, the launches mostly add host time (1.24x a 12-layer step's).
             Never under ``xla_dtensor.compile`` or the AUTO policy. See
             ``xla_dtensor/core/phases.py``.
     """

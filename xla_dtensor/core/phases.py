@@ -16,8 +16,9 @@ went from 84.0 to 45.0 ms against torch eager's 42.6 (1.97x to 1.06x), transform
 from 108.7 to 54.5 ms against 60.3 (1.80x to 0.90x); with the loss read every 5th step,
 where the next steps' recording already overlaps the device, from 51.9 to 45.1 ms and from
 60.8 to 56.9 ms. Off by default on CPU: XLA's threads share the host's cores, so there is little to
-overlap, and each launch adds host time (~3 ms a 12-layer width-64 step on the 2-core
-development machine).
+overlap, and the two launches add host time: 1.24x the step's as one program on the 12-layer
+width-64 GPT (``benchmarks/lazy_overhead.py``, the 2-core development machine), for 0.93x its
+time when each step waits for the device.
 
 The price: the fused attention's backward recomputes its forward (the residuals stay inside
 the forward's program), and fusion stops at the two launches.

@@ -34,6 +34,10 @@ def visualize_tensor_sharding(t: LazyTensor, **kwargs: Any) -> Any:
 def last_compiled_hlo() -> str:
     """HLO text of the executable the lazy core ran last (after SPMD partitioning).
 
+    On a GPU or TPU, ``loss.backward()`` launches a lazy step's forward and backward as programs
+    of their own (``xla_dtensor.config.launch_at_backward``), so after ``sync()`` this is the
+    optimizer step's; set that option to ``False`` to see the whole step as one program.
+
     Example:
         >>> import torch, xla_dtensor
         >>> _ = (torch.ones(2, device=xla_dtensor.device()) * 2).cpu()
