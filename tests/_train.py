@@ -74,3 +74,30 @@ def sharded_mlp(mode: str, model: Any, dev: torch.device) -> tuple[Any, Callable
         raise ValueError(f"unknown mode {mode!r}; modes: dp, megatron, fsdp, auto")
     return xs.distribute_module(model, mesh, partition_fn=xs.AutoPolicy(time_limit=5, cache_dir=False)), \
         (lambda t: t.to(dev))
+
+
+def mlp() -> torch.nn.Module:
+    """The seeded ``Sequential`` of Linear(16, 32), GELU, Linear(32, 8) the sharded-MLP tests train."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+
+
+MLP_BATCHES = [(torch.randn(8, 4, 16, generator=torch.Generator().manual_seed(s)),
+                torch.randn(8, 4, 8, generator=torch.Generator().manual_seed(s + 50))) for s in range(3)]
+
+
+def sharded_mlp_like_cpu(mode: str, dev: torch.device, counter: Callable[[], int]) -> tuple[Any, int]:
+    """Train :func:`mlp` laid out for ``mode`` (:func:`sharded_mlp`) on :data:`MLP_BATCHES` with AdamW,
+    assert its losses are torch CPU's; returns the model and how far ``counter()`` moved meanwhile."""
+    import torch.nn.functional as F
+
+    import xla_dtensor
+    ref = mlp()
+    want = train(lambda x, y: F.mse_loss(ref(x), y), MLP_BATCHES, torch.optim.AdamW(ref.parameters(), lr=1e-2))
+    model, put = sharded_mlp(mode, mlp(), dev)
+    before = counter()
+    got = train(lambda x, y: F.mse_loss(model(x), y), MLP_BATCHES,
+                torch.optim.AdamW(model.parameters(), lr=1e-2), put=put, sync=xla_dtensor.sync)
+    moved = counter() - before
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-6)
+    return model, moved

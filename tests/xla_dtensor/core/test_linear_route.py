@@ -13,7 +13,7 @@ import xla_dtensor
 from xla_dtensor import metrics
 from xla_dtensor.config import config
 
-from tests._train import sharded_mlp, train
+from tests._train import MLP_BATCHES, sharded_mlp_like_cpu
 
 
 def _fused() -> int:
@@ -93,25 +93,10 @@ def test_other_calls_take_torch_decomposition_and_its_errors(dev, monkeypatch):
         config.fused_linear = "yes"
 
 
-def _mlp() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
-
-
-BATCHES = [(torch.randn(8, 4, 16, generator=torch.Generator().manual_seed(s)),
-            torch.randn(8, 4, 8, generator=torch.Generator().manual_seed(s + 50))) for s in range(3)]
-
-
 @pytest.mark.parametrize("mode", ["dp", "megatron", "fsdp", "auto"])
 def test_sharded_training_matches_cpu_through_the_one_op(dev, mode):
-    ref = _mlp()
-    want = train(lambda x, y: F.mse_loss(ref(x), y), BATCHES, torch.optim.AdamW(ref.parameters(), lr=1e-2))
-    model, put = sharded_mlp(mode, _mlp(), dev)
-    before = _fused()
-    got = train(lambda x, y: F.mse_loss(model(x), y), BATCHES, torch.optim.AdamW(model.parameters(), lr=1e-2),
-                put=put, sync=xla_dtensor.sync)
-    assert _fused() - before == 2 * len(BATCHES)
-    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-6)
+    model, fused = sharded_mlp_like_cpu(mode, dev, _fused)
+    assert fused == 2 * len(MLP_BATCHES)
     if mode == "auto":  # AUTO planned both ops with their rules (autoshard/strategies/matmul.py)
         assert model._auto_plan.stats["unknown_ops"] == []
 

@@ -14,7 +14,7 @@ from xla_dtensor.config import config
 from xla_dtensor.core import phases
 from xla_dtensor.core.tensor import value_of
 
-from tests._train import sharded_mlp, train
+from tests._train import MLP_BATCHES, mlp, sharded_mlp_like_cpu, train
 
 
 @pytest.fixture
@@ -30,19 +30,10 @@ def _pending(t: torch.Tensor) -> bool:
     return value_of(t).fn is not None
 
 
-def _mlp() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
-
-
-BATCHES = [(torch.randn(8, 4, 16, generator=torch.Generator().manual_seed(s)),
-            torch.randn(8, 4, 8, generator=torch.Generator().manual_seed(s + 50))) for s in range(3)]
-
-
 def test_the_default_on_cpu_is_one_program_and_the_setting_is_checked(dev):
     assert config.launch_at_backward is None and not phases.launches()  # these tests run on CPU
-    model = _mlp().to(dev)
-    loss = F.mse_loss(model(BATCHES[0][0].to(dev)), BATCHES[0][1].to(dev))
+    model = mlp().to(dev)
+    loss = F.mse_loss(model(MLP_BATCHES[0][0].to(dev)), MLP_BATCHES[0][1].to(dev))
     runs = _runs()
     loss.backward()
     assert _runs() == runs and _pending(loss) and _pending(model[0].weight.grad)
@@ -53,8 +44,8 @@ def test_the_default_on_cpu_is_one_program_and_the_setting_is_checked(dev):
 
 
 def test_backward_launches_the_forward_then_the_gradients(dev, phased):
-    ref, model = _mlp(), _mlp().to(dev)
-    x, y = BATCHES[0]
+    ref, model = mlp(), mlp().to(dev)
+    x, y = MLP_BATCHES[0]
     want = F.mse_loss(ref(x), y)
     want.backward()
     loss = F.mse_loss(model(x.to(dev)), y.to(dev))
@@ -87,15 +78,9 @@ def test_a_repeated_phased_step_reuses_each_phase_plan_and_program(dev, phased):
 
 @pytest.mark.parametrize("mode", ["dp", "megatron", "fsdp", "auto"])
 def test_sharded_training_matches_cpu(dev, phased, mode):
-    ref = _mlp()
-    want = train(lambda x, y: F.mse_loss(ref(x), y), BATCHES, torch.optim.AdamW(ref.parameters(), lr=1e-2))
-    model, put = sharded_mlp(mode, _mlp(), dev)
-    runs = _runs()
-    got = train(lambda x, y: F.mse_loss(model(x), y), BATCHES, torch.optim.AdamW(model.parameters(), lr=1e-2),
-                put=put, sync=xla_dtensor.sync)
-    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-6)
+    _, runs = sharded_mlp_like_cpu(mode, dev, _runs)
     # AUTO plans on, and constrains, the whole step's graph at one sync: one program a step
-    assert _runs() - runs == len(BATCHES) * (1 if mode == "auto" else 3)
+    assert runs == len(MLP_BATCHES) * (1 if mode == "auto" else 3)
     assert phases.launches() is (mode != "auto")
 
 
@@ -111,7 +96,7 @@ def test_transformers_llama_trains_in_phases_like_torch_cpu(phased, mode):
 
 
 def test_compile_and_eager_mode_launch_nothing_at_backward(dev, phased):
-    ref, model = _mlp(), _mlp().to(dev)
+    ref, model = mlp(), mlp().to(dev)
     opt_ref, opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, model))
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -121,9 +106,9 @@ def test_compile_and_eager_mode_launch_nothing_at_backward(dev, phased):
         opt.zero_grad()
         return loss
     compiled = xla_dtensor.compile(step)
-    want = train(lambda x, y: F.mse_loss(ref(x), y), BATCHES, opt_ref)
+    want = train(lambda x, y: F.mse_loss(ref(x), y), MLP_BATCHES, opt_ref)
     got = []
-    for i, (x, y) in enumerate(BATCHES):
+    for i, (x, y) in enumerate(MLP_BATCHES):
         runs = _runs()
         got.append(compiled(x.to(dev), y.to(dev)).item())
         if i:  # a replay: the recorded step as one program
