@@ -59,6 +59,20 @@ def test_backward_launches_the_forward_then_the_gradients(dev, phased):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-6)
 
 
+def test_gradients_accumulated_over_micro_batches_match_cpu(dev, phased):
+    ref, model = mlp(), mlp().to(dev)
+    runs = _runs()
+    for m, d in ((ref, "cpu"), (model, dev)):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for x, y in MLP_BATCHES:
+            (F.mse_loss(m(x.to(d)), y.to(d)) / len(MLP_BATCHES)).backward(retain_graph=True)
+        opt.step()
+    xla_dtensor.sync()
+    assert _runs() - runs == 2 * len(MLP_BATCHES) + 1  # each backward's two launches, then the update
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
 def test_a_repeated_phased_step_reuses_each_phase_plan_and_program(dev, phased):
     """The GPT step's targets view, made in the forward and saved for the loss's backward, is made again
     after the forward's launch; from the stale node every backward launch walked its graph again."""
