@@ -68,7 +68,7 @@ def eager_mode(enable: bool) -> None:
 
 def is_eager() -> bool:
     """Whether eager mode is on (for the calling thread)."""
-    return _threads.me() in STATE.modes
+    return _threads.in_eager_mode()
 
 
 def suspended() -> contextlib.AbstractContextManager[None]:

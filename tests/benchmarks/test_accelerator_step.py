@@ -17,7 +17,7 @@ def test_runner_in_process(runner):
     assert xla_dtensor.config.launch_at_backward is None  # the runner's setting is undone
     if runner.startswith("lazy"):
         assert row["phased"] is (runner == "lazy-phased")  # on CPU lazy mode's default runs the step whole
-    if runner.startswith("lazy"):  # its step split: recording, sync(), reading the loss (wall ms of each)
+        # its step split: recording, sync(), reading the loss (wall ms of each)
         assert min(row["record_ms"], row["sync_ms"], row["read_ms"]) > 0
         assert row["record_ms"] + row["sync_ms"] + row["read_ms"] <= 1.05 * max(row["steps_ms"])
 

@@ -42,9 +42,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
+
 from xla_dtensor.config import config
 from xla_dtensor.core import threads
 from xla_dtensor.core.device import platform
+from xla_dtensor.core.executor import sync
 from xla_dtensor.core.state import STATE
 
 __all__ = ["WHOLE_STEP", "launches", "backward"]
@@ -59,16 +62,13 @@ def launches() -> bool:
     mode = config.launch_at_backward
     if not (mode or mode is None and platform() != "cpu"):
         return False
-    if STATE.capturing or (STATE.modes and threads.me() in STATE.modes):
+    if STATE.capturing or threads.in_eager_mode():
         return False  # compile records the call whole; this thread runs in eager mode
     return not any(needs() for needs in WHOLE_STEP)
 
 
 def backward(tensor: Any, *args: Any, **kwargs: Any) -> None:
     """``torch.Tensor.backward(tensor, ...)``, launching the pending work before and after it (see module doc)."""
-    import torch
-
-    from xla_dtensor.core.executor import sync
     launch = launches()
     if launch:
         sync()

@@ -97,7 +97,7 @@ class LazyTensor(torch.Tensor):
                  inputs: Any = None) -> None:
         """``torch.Tensor.backward``; in lazy mode it launches the pending forward as it starts and
         the backward as it ends (``config.launch_at_backward``, :mod:`xla_dtensor.core.phases`)."""
-        from xla_dtensor.core import phases
+        from xla_dtensor.core import phases  # NOTE: here: phases imports the executor, which imports this module
         phases.backward(self, gradient, retain_graph, create_graph, inputs)
 
     # NOTE: these two make torch treat us as a traceable wrapper subclass, so that
@@ -344,7 +344,7 @@ def value_of(t: LazyTensor) -> Node:
         v = t._vcache
         # NOTE: a pending view made before the last barrier (of a storage that barrier did not change) is
         # made again: off the tape, it would make every later sync that reads it walk its graph (core.plan_cache)
-        if v.fn is None or v.tix >= _ir._BASE or v.data is not None:  # type: ignore[union-attr]
+        if v.fn is None or v.tix >= _ir._BASE or v.data is not None or _ir._TAPE is None:  # type: ignore[union-attr]
             return v  # type: ignore[return-value]
     v = s.value
     for step in t._chain:

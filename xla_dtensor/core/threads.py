@@ -118,6 +118,11 @@ def me() -> int:
     return t.ident if kind == _USER else t.last
 
 
+def in_eager_mode() -> bool:
+    """Whether the calling thread runs in eager mode (``xla_dtensor.eager_mode``)."""
+    return bool(STATE.modes) and me() in STATE.modes
+
+
 @contextlib.contextmanager
 def held() -> Iterator[None]:
     """Hold :data:`LOCK` as an entry point outside an op (a compiled call, an ``spmd`` relayout)."""
