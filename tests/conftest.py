@@ -48,9 +48,16 @@ def _release_executables_per_module():
 
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The selected tests of tests/_offload.py's modules become proxies of one background pytest run."""
+    from tests import _offload
+    _offload.offload(config, items)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Each selected module's ``start_early(session)``, in session order: its fresh-process work
-    begins now in the background (tests/_parallel.py)."""
+    begins now in the background (tests/_parallel.py); then the offloaded modules' run (tests/_offload.py)."""
     if session.config.option.collectonly:
         return
     seen = set()
@@ -61,6 +68,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             start = getattr(module, "start_early", None)
             if start is not None:
                 start(session)
+    from tests import _offload
+    _offload.queue(session.config)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -101,10 +101,12 @@ def test_sharded_training_matches_cpu_through_the_one_op(dev, mode):
         assert model._auto_plan.stats["unknown_ops"] == []
 
 
-@pytest.mark.parametrize("mode", ["single", "auto-2x4"])
+@pytest.mark.parametrize("mode", ["single", "tp"])
 def test_transformers_llama_records_its_projections_as_one_op(mode):
     """transformers' Llama (every projection an nn.Linear) against torch CPU, through the models matrix's
-    own training loop; each of its 7 projections and the LM head is one op per forward."""
+    own training loop, on one device and 2x4 Megatron; each of its 7 projections and the LM head is one op
+    per forward. (AUTO plans the op with its own rules: the MLP above; AUTO trains transformers' Llama,
+    through this op, in tests/xla_dtensor/auto/test_hf_auto.py.)"""
     from benchmarks.models.zoo import ZOO
     from benchmarks.models.zoo_train import train as zoo_train
     before = _fused()

@@ -24,6 +24,7 @@ import xla_dtensor
 from xla_dtensor import metrics
 from xla_dtensor.core import ir, native, signature as S, tensor as T, threads
 from xla_dtensor.core.state import STATE
+from tests import _parallel
 from tests._parallel import Results
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -255,16 +256,27 @@ MODES = ["cpu", "cpu-hf-gpt2", "one", "dp", "megatron", "fsdp", "auto", "hf-gpt2
 
 
 def _run(native_on: bool) -> dict:
-    env = {**os.environ, "PYTHONHASHSEED": "0", "XLA_DTENSOR_NATIVE": "1" if native_on else "0"}
+    env = _parallel.child_env({**os.environ, "PYTHONHASHSEED": "0", "XLA_DTENSOR_NATIVE": "1" if native_on else "0"},
+                              __name__)
     script = _SCRIPT.format(root=str(ROOT), modes=MODES if native_on else MODES[2:])
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    proc = _parallel.run([sys.executable, "-c", script], env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _both_paths() -> Results:
+    return Results(_run, [True, False])
+
+
+def start_early(session: pytest.Session) -> None:
+    """Both paths' training runs start when collection ends, in the background (tests/_parallel.py)."""
+    if native.ON and _parallel.selected_in(session, sys.modules[__name__], "mode"):
+        _parallel.start_early(__name__, _both_paths)
+
+
 @pytest.fixture(scope="module")
 def runs() -> Results:
-    return Results(_run, [True, False])
+    return _parallel.early(__name__, _both_paths)
 
 
 @needs_native

@@ -1,8 +1,9 @@
 """LR schedules under ``xla_dtensor.compile``: hyperparameters are program inputs.
 
 Each scheduler x float / CPU-tensor / device-tensor lr x one device / 2x4 FSDP: 40 compiled
-steps equal torch CPU (rel 1e-4) with at most 2 compiles after step 5 (the whole matrix runs
-in ~35 s on the 2-core machine, so it is in the default run).
+steps equal torch CPU (rel 1e-4) with at most 2 compiles after step 5. The default run takes every
+scheduler and lr kind on 2x4 FSDP and, on one device, every lr kind of one SGD and one AdamW
+schedule; ``-m slow`` the other one-device cases (~12 s: the same replay on fewer devices).
 """
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ SCHEDULES = {
 }
 KINDS = ("float", "cpu", "device")
 MESHES = ("1", "2x4")
-CASES = [(s, k, m) for s in SCHEDULES for k in KINDS for m in MESHES]
+ONE_DEVICE = ("lambda", "cosine")  # the schedules whose one-device cases are in the default run
+CASES = [pytest.param(s, k, m, marks=[pytest.mark.slow] if m == "1" and s not in ONE_DEVICE else [])
+         for s in SCHEDULES for k in KINDS for m in MESHES]
 
 
 def _model() -> torch.nn.Module:
