@@ -41,7 +41,7 @@ _HASH = operator.attrgetter("hash")
 _SHARDING = operator.attrgetter("sharding")
 _FN = operator.attrgetter("fn")
 _TIX = operator.attrgetter("tix")
-LIMIT = 16  # structures remembered (a loop alternates a few: train, eval, the first step's)
+LIMIT = 16  # structures remembered, the least recently used forgotten first (a loop alternates a few)
 
 
 class _Laid(NamedTuple):
@@ -66,8 +66,9 @@ def plan(roots: list[Node], walk: Callable[[list[Node]], Any]) -> Any:
     if found is None:
         return walk(roots)
     key, nodes = found
-    laid = _LAID.get(key)
+    laid = _LAID.pop(key, None)
     if laid is not None:
+        _LAID[key] = laid  # the most recently used last
         metrics._COUNTS["plans_reused"] += 1
         p = laid.plan
 
@@ -82,8 +83,8 @@ def plan(roots: list[Node], walk: Callable[[list[Node]], Any]) -> Any:
         _STRUCTS.clear()
     p = p._replace(struct=_STRUCTS.setdefault(p.struct, p.struct))
     at = dict(zip(map(id, nodes), itertools.count()))
-    if len(_LAID) >= LIMIT:
-        _LAID.clear()
+    if len(_LAID) >= LIMIT:  # NOTE: not all at once: a new structure then cost every remembered one its walk
+        del _LAID[next(iter(_LAID))]
     _LAID[key] = _Laid(p._replace(order=[], leaves=[], fns=[], shardings=[]),
                        tuple(map(at.__getitem__, map(id, p.order))), tuple(map(at.__getitem__, map(id, p.leaves))))
     return p

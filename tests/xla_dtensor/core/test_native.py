@@ -184,9 +184,14 @@ def test_storage_and_output_tensors_match_python():
     s.owner, s.donor = 5, 7
     assert (s.version, s.owner, s.donor) == (1, 5, 7)
     ref = weakref.ref(s)
+    refs = len(T.LIVE.data)
     del c, s
     gc.collect()
     assert ref() is None
+    assert len(T.LIVE.data) == refs - 1  # its weak reference left the live set as it died
+    ps = weakref.ref(T.storage_of(p))
+    del p, t  # (the loop above left t = p)
+    assert ps() is None and len(T.LIVE.data) == refs - 2  # the Python path's too, without a collection
 
 
 @needs_native

@@ -180,3 +180,24 @@ def test_one_layout_in_two_spellings_is_one_leaf_hash():
     assert keys[2].hash == hash((ir.DATA, (4, 8), torch.float32, NamedSharding(m, P("data"))))
     assert keys[2].hash != keys[0].hash
     assert ir.canonical(NamedSharding(m, P(None, "model"))).spec == P(None, "model")
+
+
+def test_past_the_limit_the_least_recently_used_structure_is_forgotten(dev, checked, monkeypatch):
+    """Three step structures with room for two: A used again before C arrives stays (B goes). Forgetting
+    every structure at once, a new one made the others walk again (a long test run did, mid-loop)."""
+    x = torch.ones(3, device=dev)
+    xla_dtensor.sync()
+    steps = {"A": lambda: x * 2, "B": lambda: x + 5, "C": lambda: (x - 1) * 3}
+    want = {"A": 2.0, "B": 6.0, "C": 0.0}
+
+    def run(names: str) -> list[bool]:
+        start = len(checked)
+        for name in names:
+            y = steps[name]()
+            xla_dtensor.sync()
+            assert y.cpu().tolist() == [want[name]] * 3
+        return checked[start:]
+    run("ABCABC")  # each structure as a repeated step records it
+    monkeypatch.setattr(plan_cache, "_LAID", {})
+    monkeypatch.setattr(plan_cache, "LIMIT", 2)
+    assert run("ABACAB") == [False, False, True, False, True, False]
