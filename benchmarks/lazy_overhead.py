@@ -38,6 +38,9 @@ over minutes). The lazy cases also time single ops (:func:`_per_op`): ``torch.ad
 ``__torch_dispatch__`` that only returns a new wrapper tensor (the floor of any Python
 subclass) and on torch's CPU kernels.
 
+* in turn (``--case lockstep``): one device, 2x4 Megatron and AUTO, each in its own process, one step
+  each in turn (:func:`_lockstep`): the sharded / one-device ratios without the drift between runs.
+
 Usage: PYTHONPATH=. python benchmarks/lazy_overhead.py [--opt adamw|sgd] [--label after]
 [--steps 10] [--rounds 3] [--no-save]
 
@@ -264,6 +267,67 @@ def case_lazy(args: argparse.Namespace, layout: str = "one", backward_on_caller:
             "device_ms": 1e3 * statistics.median(device), "compiles": compiles}
 
 
+def case_lockstep(args: argparse.Namespace) -> dict:
+    """One layout's model (``--layout``) stepping when the parent says so (a line on stdin), each step's
+    host CPU ms and ops on a line of stdout; ``wait()`` after each step, outside the clock (see :func:`_lockstep`)."""
+    import torch
+    torch.set_num_threads(1)
+    import xla_dtensor
+    from xla_dtensor import metrics
+    model, opt, batch = (_setup(xla_dtensor.device(), args.opt) if args.layout == "one"
+                         else _setup_sharded(args.layout, args.opt))
+    clock = _host_clock(model, opt, batch, xla_dtensor.sync)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "step":
+            break
+        m0 = metrics.counters()["ops_recorded"]
+        c0 = clock()
+        _step(model, opt, batch)
+        xla_dtensor.sync()
+        c1 = clock()
+        xla_dtensor.wait()
+        print(json.dumps({"cpu_ms": 1e3 * (c1 - c0), "ops": metrics.counters()["ops_recorded"] - m0}), flush=True)
+    return {}
+
+
+def _lockstep(args: argparse.Namespace, layouts: tuple[str, ...] = ("one", "tp", "auto")) -> dict:
+    """Each layout in its own process, stepping in turn (one step each, round after round): the medians of
+    their host CPU ms per step and, per sharded layout, the median over rounds of its step / one device's.
+
+    NOTE: processes run minutes apart saw the machine's speed drift (AUTO / one device 1.08 in one run,
+    1.63 in the next). In turn step by step, each ratio compares steps a few ms apart; each process is
+    the layout alone (a one-device step in AUTO's process would run AUTO's sync hook too). Each step is
+    waited for outside the clock, so no process records while another's program runs.
+    """
+    procs = {}
+    for lay in layouts:
+        cmd = [sys.executable, __file__, "--case", "lockstep", "--layout", lay, "--opt", args.opt]
+        procs[lay] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        for lay, proc in procs.items():
+            line = proc.stdout.readline()
+            if line.strip() != "ready":
+                raise RuntimeError(f"lockstep process {lay!r} did not start: {line!r}")
+        steps: dict[str, list[dict]] = {lay: [] for lay in layouts}
+        for i in range(3 + 3 * args.steps):
+            for lay, proc in procs.items():
+                proc.stdin.write("step\n")
+                proc.stdin.flush()
+                got = json.loads(proc.stdout.readline())
+                if i >= 3:
+                    steps[lay].append(got)
+    finally:
+        for proc in procs.values():
+            proc.stdin.close()
+            proc.wait()
+    out = {lay: {"cpu_ms": statistics.median(s["cpu_ms"] for s in v), "ops": statistics.median(s["ops"] for s in v)}
+           for lay, v in steps.items()}
+    for lay in layouts[1:]:
+        out[lay]["vs_one"] = statistics.median(a["cpu_ms"] / b["cpu_ms"] for a, b in zip(steps[lay], steps["one"]))
+    return out
+
+
 # (category, regex over "file:function"), first match wins; order matters
 _BINS = [
     ("dispatch entry", r"core/tensor\.py:__torch_dispatch__|core/threads\.py:(enter|_learn|_inherit)|"
@@ -336,7 +400,8 @@ CASES = {"torch": case_torch, "lazy": case_lazy, "profile": case_profile,
          "lazy_tp": lambda a: case_lazy(a, "tp"), "lazy_auto": lambda a: case_lazy(a, "auto"),
          "lazy_engine": lambda a: case_lazy(a, backward_on_caller=False),
          "lazy_phased": lambda a: case_lazy(a, phased=True),
-         "lazy_python": case_lazy}  # run with XLA_DTENSOR_NATIVE=0 (see _run_case)
+         "lazy_python": case_lazy,  # run with XLA_DTENSOR_NATIVE=0 (see _run_case)
+         "lockstep": case_lockstep}
 
 
 def _run_case(name: str, args: argparse.Namespace) -> dict:
@@ -381,7 +446,8 @@ def _alternated(args: argparse.Namespace) -> tuple[dict, dict, dict, dict, dict]
     return t, lz, eng, py, ph
 
 
-def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, py: dict, ph: dict, pr: dict, sharded: dict) -> str:
+def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, py: dict, ph: dict, pr: dict, sharded: dict,
+           lock: dict) -> str:
     lines = [f"## {label} ({opt})", "", "```"]
     lines.append(f"{'case':<38}{'value':>10}")
     rows = [
@@ -422,9 +488,16 @@ def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, py: dict, ph: dic
             continue
         rows += [(f"{name}: host CPU ms / step", sh["cpu_ms"]), (f"{name} / one device", sh["cpu_ms"] / lz["cpu_ms"]),
                  (f"{name}: ops recorded / step", sh["ops"])]
+    names = {"one": "one device", "tp": "2x4 Megatron", "auto": "AUTO 2x4"}
+    for lay, res in lock.items():
+        rows.append((f"in turn: {names[lay]} CPU ms / step", res["cpu_ms"]))
+        if "vs_one" in res:
+            rows.append((f"  {names[lay]} / one device", res["vs_one"]))
     for name, v in rows:
         lines.append(f"{name:<38}{v:>10.2f}")
     lines += failed
+    lines.append("in turn: one process per layout, one step each in turn, each waited for outside the clock; "
+                 "its ratio: the median over rounds")
     lines.append(f"lazy / torch eager per round: {', '.join(f'{r:.2f}' for r in lz['ratios'])} "
                  "(torch, then lazy, in turn; the table: the median round of each, the ratios' median)")
     lines.append(f"C / Python recorder per round: {', '.join(f'{r:.2f}' for r in py['c_vs_python'])}")
@@ -505,21 +578,29 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3, help="torch and lazy cases run in turn this many times")
     p.add_argument("--label", default="current")
+    p.add_argument("--layout", choices=["one", "tp", "auto"], default="one", help="the lockstep case's model")
+    p.add_argument("--lockstep-only", action="store_true", help="only the sharded layouts in turn (printed, not saved)")
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args()
     if args.case:
-        print(json.dumps(CASES[args.case](args)))
+        res = CASES[args.case](args)
+        if args.case != "lockstep":
+            print(json.dumps(res))
+        return
+    if args.lockstep_only:
+        print(json.dumps(_lockstep(args), indent=1))
         return
     t, lz, eng, py, ph = _alternated(args)
     pr = _run_case("profile", args)
     sharded = {"lazy 2x4 Megatron": _sharded_case("lazy_tp", args), "lazy AUTO 2x4": _sharded_case("lazy_auto", args)}
-    section = _table(args.label, args.opt, t, lz, eng, py, ph, pr, sharded)
+    lock = _lockstep(args)
+    section = _table(args.label, args.opt, t, lz, eng, py, ph, pr, sharded, lock)
     print(section)
     if not args.no_save:
         _save(f"{args.label} ({args.opt})", section, {"torch_ms": t["cpu_ms"], "lazy_cpu_ms": lz["cpu_ms"],
                                                       "us_per_op": lz["us_per_op"], "bins": pr["bins_us_per_op"],
                                                       "lazy": lz, "torch": t, "sharded": sharded, "lazy_engine": eng,
-                                                      "lazy_python": py, "lazy_phased": ph})
+                                                      "lazy_python": py, "lazy_phased": ph, "in_turn": lock})
 
 
 if __name__ == "__main__":

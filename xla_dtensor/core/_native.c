@@ -1426,8 +1426,46 @@ enter(PyObject *args)
     return PyObject_CallOneArg(enter_fn, args);
 }
 
+/* A subclass whose ops make tensors of its own class (XLAShardedTensor), configured by configure_own_class:
+ * the ops it takes first in Python (own_ops, their handler own_first(func, args, kwargs) -> result or None
+ * for the general path) and own_rewrap(result), which makes the plain lazy tensors of a result (an in-place
+ * op returning a plain input) its class. */
+static PyObject *own_cls, *own_ops, *own_first, *own_rewrap;
+
+/* configure_own_class(cls, ops, first, rewrap) */
+static PyObject *
+configure_own_class(PyObject *self, PyObject *args)
+{
+    PyObject *cls, *ops, *first, *rewrap;
+    if (!PyArg_ParseTuple(args, "O!O!OO", &PyType_Type, &cls, &PyTuple_Type, &ops, &first, &rewrap))
+        return NULL;
+    Py_XSETREF(own_cls, Py_NewRef(cls));
+    Py_XSETREF(own_ops, Py_NewRef(ops));
+    Py_XSETREF(own_first, Py_NewRef(first));
+    Py_XSETREF(own_rewrap, Py_NewRef(rewrap));
+    Py_RETURN_NONE;
+}
+
+/* whether result res holds a plain lazy tensor (itself, or in a list or tuple) that own_rewrap must wrap */
+static int
+needs_rewrap(PyObject *res)
+{
+    if (Py_IS_TYPE(res, (PyTypeObject *)lazy_type))
+        return 1;
+    if (!PyTuple_Check(res) && !PyList_Check(res))
+        return 0;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(res);
+    PyObject **items = PySequence_Fast_ITEMS(res);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (Py_IS_TYPE(items[i], (PyTypeObject *)lazy_type) || PyTuple_Check(items[i]) || PyList_Check(items[i]))
+            return 1;
+    return 0;
+}
+
 /* LazyTensor.__torch_dispatch__(cls, func, types, args=(), kwargs=None): hold the core's lock, set the
- * op's owner when entering the core, dispatch; an error inside a backward becomes a poisoned result */
+ * op's owner when entering the core, dispatch; an error inside a backward becomes a poisoned result.
+ * For the own class (configure_own_class) the results are made of that class: tensor.OUT.cls is set
+ * around the dispatch, under the lock, as XLAShardedTensor's Python entry does. */
 static PyObject *
 torch_dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -1461,6 +1499,24 @@ torch_dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
     }
     if (!dispatch_configured())
         return NULL;
+    int own = own_cls != NULL && args[0] == own_cls;
+    if (own) {
+        Py_ssize_t n = PyTuple_GET_SIZE(own_ops);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (PyTuple_GET_ITEM(own_ops, i) != func)
+                continue;
+            PyObject *kw0 = kwargs != Py_None && PyDict_Check(kwargs) ? Py_NewRef(kwargs) : PyDict_New();
+            if (kw0 == NULL)
+                return NULL;
+            PyObject *call[3] = {func, cargs, kw0};
+            PyObject *first = PyObject_Vectorcall(own_first, call, 3, NULL);
+            Py_DECREF(kw0);
+            if (first != Py_None)
+                return first;  /* its result, or NULL with its error */
+            Py_DECREF(first);
+            break;
+        }
+    }
     PyObject *kw = kwargs != Py_None && PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) ? Py_NewRef(kwargs) : PyDict_New();
     if (kw == NULL)
         return NULL;
@@ -1470,7 +1526,12 @@ torch_dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
         return NULL;
     }
     Py_DECREF(got);
-    PyObject *res = NULL;
+    PyObject *res = NULL, *prev_cls = NULL;
+    if (own && ((prev_cls = PyObject_GetAttr(out_local, s_cls)) == NULL ||
+                PyObject_SetAttr(out_local, s_cls, own_cls) < 0)) {
+        Py_CLEAR(prev_cls);
+        goto release;
+    }
     PyObject *outer = PyObject_GetAttr(state, s_owner);
     if (outer != NULL) {
         int inside = PyObject_IsTrue(outer);
@@ -1510,6 +1571,15 @@ torch_dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
         PyErr_Restore(tp, val, tb);
         Py_DECREF(outer);
     }
+    if (prev_cls != NULL) {  /* tensor.OUT.cls as it was, whatever happened (keeping the error, if any) */
+        PyObject *tp, *val, *tb;
+        PyErr_Fetch(&tp, &val, &tb);
+        if (PyObject_SetAttr(out_local, s_cls, prev_cls) < 0)
+            PyErr_WriteUnraisable(out_local);
+        PyErr_Restore(tp, val, tb);
+        Py_DECREF(prev_cls);
+    }
+release:;
     PyObject *tp, *val, *tb;
     PyErr_Fetch(&tp, &val, &tb);
     PyObject *released = PyObject_CallMethodNoArgs(lock, s_release);
@@ -1518,6 +1588,8 @@ torch_dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
     Py_XDECREF(released);
     PyErr_Restore(tp, val, tb);
     Py_DECREF(kw);
+    if (own && res != NULL && !Py_IS_TYPE(res, (PyTypeObject *)own_cls) && needs_rewrap(res))
+        Py_SETREF(res, PyObject_CallOneArg(own_rewrap, res));
     return res;
 }
 
@@ -1644,6 +1716,89 @@ done:
     return res;
 }
 
+/* ---------------------------------------------------------------- sticky layouts (core.layout) */
+
+/* constrain_stored(pending, table, kind, fn): each storage of pending whose layout has an entry
+ * table[(id(layout), shape)] = (layout, sharding, key, key_hash) gets its value wrapped in a constraint
+ * node (op kind, that key, fn) with that sharding, unless its value is one already; returns the storages
+ * with a layout and no entry (the caller's Python path lays them out). NotImplemented when pending holds
+ * another storage type. */
+static PyObject *
+constrain_stored(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "constrain_stored(pending: list, table: dict, kind, fn)");
+        return NULL;
+    }
+    PyObject *pending = args[0], *table = args[1], *kind = args[2], *fn = args[3];
+    Py_ssize_t n = PyList_GET_SIZE(pending);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!Py_IS_TYPE(PyList_GET_ITEM(pending, i), &StorageType))
+            Py_RETURN_NOTIMPLEMENTED;
+    PyObject *rest = PyList_New(0);
+    if (rest == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        StorageObject *s = (StorageObject *)PyList_GET_ITEM(pending, i);
+        PyObject *spec = s->layout;
+        if (spec == NULL || spec == Py_None)
+            continue;
+        if (!PyTuple_Check(s->meta) || PyTuple_GET_SIZE(s->meta) != 3) {
+            PyErr_SetString(PyExc_TypeError, "a storage's meta is (shape, dtype, stride)");
+            goto fail;
+        }
+        PyObject *id = PyLong_FromVoidPtr(spec);
+        if (id == NULL)
+            goto fail;
+        PyObject *k = PyTuple_Pack(2, id, PyTuple_GET_ITEM(s->meta, 0));
+        Py_DECREF(id);
+        if (k == NULL)
+            goto fail;
+        PyObject *e = PyDict_GetItemWithError(table, k);
+        Py_DECREF(k);
+        if (e == NULL && PyErr_Occurred())
+            goto fail;
+        if (e == NULL || !PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 4 || PyTuple_GET_ITEM(e, 0) != spec) {
+            if (PyList_Append(rest, (PyObject *)s) < 0)
+                goto fail;
+            continue;
+        }
+        PyObject *sharding = PyTuple_GET_ITEM(e, 1), *v = s->value;
+        if (Py_IS_TYPE(v, &NodeType)) {
+            NodeObject *vn = (NodeObject *)v;
+            int same_op = vn->op == kind ? 1 : PyObject_RichCompareBool(vn->op, kind, Py_EQ);
+            if (same_op < 0)
+                goto fail;
+            if (same_op) {
+                int same = vn->sharding == sharding ? 1 : PyObject_RichCompareBool(vn->sharding, sharding, Py_EQ);
+                if (same < 0)
+                    goto fail;
+                if (same)
+                    continue;
+            }
+        }
+        PyObject *inputs = PyTuple_Pack(1, v);
+        if (inputs == NULL)
+            goto fail;
+        PyObject *call[5] = {kind, PyTuple_GET_ITEM(e, 2), PyTuple_GET_ITEM(e, 3), inputs, fn};
+        PyObject *node = make_node(NULL, call, 5);
+        Py_DECREF(inputs);
+        if (node == NULL)
+            goto fail;
+        if (!Py_IS_TYPE(node, &NodeType)) {
+            Py_DECREF(node);
+            PyErr_SetString(PyExc_TypeError, "constrain_stored: make_node returned no node");
+            goto fail;
+        }
+        Py_SETREF(((NodeObject *)node)->sharding, Py_NewRef(sharding));
+        Py_SETREF(s->value, node);
+    }
+    return rest;
+fail:
+    Py_DECREF(rest);
+    return NULL;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
@@ -1666,6 +1821,10 @@ static PyMethodDef methods[] = {
     {"configure_dispatch", (PyCFunction)configure_dispatch, METH_VARARGS,
      "configure_dispatch(special_by_id, compute_now, enter, on_error, this_thread, user_kind, dispatch_globals)."},
     {"dispatch", (PyCFunction)(void (*)(void))dispatch, METH_FASTCALL, "dispatch.dispatch in C."},
+    {"constrain_stored", (PyCFunction)(void (*)(void))constrain_stored, METH_FASTCALL,
+     "constrain_stored(pending, table, kind, fn): layout.constrain_stored in C."},
+    {"configure_own_class", (PyCFunction)configure_own_class, METH_VARARGS,
+     "configure_own_class(cls, ops, first, rewrap): a subclass whose ops make tensors of its class."},
     {"structure", (PyCFunction)(void (*)(void))structure, METH_FASTCALL,
      "structure(tape, base, roots): plan_cache._structure's key (without sharding codes) and leaves."},
     {"torch_dispatch", (PyCFunction)(void (*)(void))torch_dispatch, METH_FASTCALL | METH_KEYWORDS,

@@ -187,9 +187,10 @@ _FUNCTORCH = torch._C._are_functorch_transforms_active
 def call_op(op: Any, *args: Any) -> Any:
     """``op(*args)`` for one of the core's own ops, called below autograd (the fused linear's and
     attention's forward and backward): straight into ``LazyTensor``'s dispatch entry when every
-    tensor argument is a plain ``LazyTensor`` and no ``TorchDispatchMode`` or functorch transform is
-    active, which is where torch's dispatcher would take it, without its ~5 us per call; else through
-    torch (a mode or transform sees the op; a subclass's own ``__torch_dispatch__`` runs).
+    tensor argument is a plain ``LazyTensor`` (or into :func:`direct_subclass`'s entry when some are of
+    that class) and no ``TorchDispatchMode`` or functorch transform is active, which is where torch's
+    dispatcher would take it, without its ~5 us per call; else through torch (a mode or transform sees
+    the op; another subclass's own ``__torch_dispatch__`` runs).
 
     Example:
         >>> import torch, xla_dtensor
@@ -198,14 +199,30 @@ def call_op(op: Any, *args: Any) -> Any:
         torch.Size([2, 3])
     """
     if not _DISPATCH_STACK() and not _FUNCTORCH():
+        cls = LazyTensor
         for a in args:
-            if type(a) is not LazyTensor and type(a) not in _PLAIN_ARGS:
+            t = type(a)
+            if t is LazyTensor or t in _PLAIN_ARGS:
+                continue
+            if t is not _DIRECT:
                 return op(*args)
-        return LazyTensor.__torch_dispatch__(op, _LAZY_TYPES, args, {})
+            cls = t
+        return cls.__torch_dispatch__(op, (cls,), args, {})
     return op(*args)
 
 
-_LAZY_TYPES = (LazyTensor,)
+# a subclass whose __torch_dispatch__ call_op also calls itself (direct_subclass), as torch would
+_DIRECT: type | None = None
+
+
+def direct_subclass(cls: type) -> None:
+    """Let :func:`call_op` call ``cls.__torch_dispatch__`` itself when an argument is a ``cls`` (and every
+    other tensor argument a plain ``LazyTensor``), as torch's dispatcher would (one subclass:
+    ``XLAShardedTensor``, whose linear and attention ops then skip torch's ~5 us per call)."""
+    if not (isinstance(cls, type) and issubclass(cls, LazyTensor)):
+        raise TypeError(f"direct_subclass takes a LazyTensor subclass, got {cls!r}")
+    global _DIRECT
+    _DIRECT = cls
 
 
 def _dispatch_error(func: Any, args: tuple, kwargs: dict, error: Exception) -> Any:

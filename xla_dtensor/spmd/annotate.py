@@ -230,23 +230,31 @@ def stick(storage: Storage, spec: ShardingSpec | None) -> None:
 _LAID: dict[tuple, tuple] = {}
 
 
+# the even ones of _LAID as layout.constrain_stored reads them: (spec, its NamedSharding, constraint key, hash)
+_EVEN: dict[tuple, tuple] = {}
+
+
 def _laid(spec: ShardingSpec, shape: tuple[int, ...]) -> tuple:
     d = _LAID.get((id(spec), shape))
     if d is None or d[0] is not spec:
         if len(_LAID) >= 4096:
             _LAID.clear()
+            _EVEN.clear()
         even = L.is_even(spec, shape)
-        d = _LAID[(id(spec), shape)] = (spec, L.named(spec), even, None if even else L.padded_shape(spec, shape))
+        ns = L.named(spec)
+        d = _LAID[(id(spec), shape)] = (spec, ns, even, None if even else L.padded_shape(spec, shape))
+        if even:
+            _EVEN[(id(spec), shape)] = (spec, ns, *L.constraint_key(ns))
     return d
 
 
 def _pre_sync(pending: list[Storage]) -> None:
-    # NOTE: inlined lookups: every sticky pending storage (an AUTO-planned GPT step: ~600) passes here each sync
+    # NOTE: the layouts seen before, at once (an AUTO-planned GPT step: ~600 sticky pending storages each
+    # sync); here only new and uneven ones
+    rest = L.constrain_stored(pending, _EVEN)
     laid, constrain, kind = _LAID.get, L.constrain, L.CONSTRAINT
-    for s in pending:
+    for s in rest:
         spec = s.layout
-        if spec is None:
-            continue
         shape = s.meta[0]
         d = laid((id(spec), shape))
         _, ns, even, pshape = d if d is not None and d[0] is spec else _laid(spec, shape)

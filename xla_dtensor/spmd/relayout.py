@@ -23,6 +23,8 @@ What a constraint pins (:func:`constraint_for`):
 """
 from __future__ import annotations
 
+import functools
+
 from typing import Any
 
 import jax
@@ -36,6 +38,9 @@ from xla_dtensor.core import layout as L
 _P = jax.sharding.PartitionSpec
 
 
+# NOTE: cached: AUTO's input hook and every Relayout's backward ask each step, and a new NamedSharding per
+# call also missed layout.constraint_key's cache (hashing one runs Python)
+@functools.lru_cache(maxsize=4096)
 def constraint_for(spec: ShardingSpec) -> jax.sharding.NamedSharding | None:
     """The sharding constraint that lays a pending value out as ``spec``.
 

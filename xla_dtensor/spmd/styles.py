@@ -126,8 +126,12 @@ def constrain_activation(x: LazyTensor, mesh: Any, placements: Any) -> LazyTenso
         >>> tuple(y.shape), type(y).__name__
         ((8, 4), 'LazyTensor')
     """
-    spec = ShardingSpec.from_placements(A.as_mesh(mesh), _as_list(placements), x.dim())
-    return R.Relayout.apply(x, spec, None)
+    return R.Relayout.apply(x, layout_of_placements(mesh, placements, x.dim()), None)
+
+
+def layout_of_placements(mesh: Any, placements: Any, ndim: int) -> ShardingSpec:
+    """The layout :func:`constrain_activation` holds an ``ndim``-dim tensor to."""
+    return ShardingSpec.from_placements(A.as_mesh(mesh), _as_list(placements), ndim)
 
 
 def _as_list(placements: Any) -> list[Any]:

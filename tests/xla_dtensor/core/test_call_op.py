@@ -91,3 +91,24 @@ def test_functorch_grad_and_vmap_match_cpu(dev):
     torch.testing.assert_close(torch.func.grad(f)(w.to(dev), x.to(dev)).cpu(), torch.func.grad(f)(w, x))
     torch.testing.assert_close(torch.func.vmap(lambda x: F.linear(x, w.to(dev)))(x.to(dev)).cpu(),
                                torch.func.vmap(lambda x: F.linear(x, w))(x))
+
+
+def test_a_sharded_and_a_plain_argument_make_a_sharded_result_with_cpus_gradient(dev):
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 3, 8), torch.randn(5, 8, requires_grad=True)
+    xd = xla_dtensor.distribute_tensor(x, DeviceMesh("xla", list(range(4))), [Shard(0)])
+    wd = w.detach().to(dev).requires_grad_()  # plain: call_op enters the sharded class's entry
+    y = F.linear(xd, wd)
+    assert type(y) is type(xd)
+    y.square().sum().backward()
+    F.linear(x, w).square().sum().backward()
+    torch.testing.assert_close(y.full_tensor().cpu(), F.linear(x, w).detach())
+    torch.testing.assert_close(wd.grad.cpu(), w.grad)
+
+
+def test_direct_subclass_takes_only_a_lazy_tensor_subclass():
+    from xla_dtensor.core import tensor as T
+    with pytest.raises(TypeError, match="LazyTensor subclass, got <class 'torch.Tensor'>"):
+        T.direct_subclass(torch.Tensor)

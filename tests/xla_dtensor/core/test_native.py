@@ -354,3 +354,84 @@ def test_a_replaced_param_leaf_is_called(monkeypatch):
     x = torch.ones(2, device=xla_dtensor.device())
     S.signature((x, 2.5), {"alpha": 3}, S.op_info(torch.ops.aten.add.Tensor), True, dyn)
     assert seen == [2.5, 3] and [n.data for n in dyn[1:]] == [2.5, 3]
+
+
+# ---------------------------------------------------------------- sharded tensors and sticky layouts
+
+@needs_native
+def test_sharded_tensors_enter_c_and_get_what_their_python_entry_gives():
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard
+    from xla_dtensor.spmd import sharded_tensor as ST
+    cls, aten = ST.XLAShardedTensor, torch.ops.aten
+    assert cls.__torch_dispatch__.__func__ is T.LazyTensor.__torch_dispatch__.__func__
+    dev = xla_dtensor.device()
+    mesh = DeviceMesh("xla", list(range(4)))
+    torch.manual_seed(0)
+    host, other = torch.randn(4, 8), torch.randn(4, 8)
+    d = xla_dtensor.distribute_tensor(host, mesh, [Shard(0)])
+    cases = [  # (op, args maker): a plain result, a tuple, an in-place op returning its plain input, and
+        (aten.add.Tensor, lambda: (d, other.to(dev))),  # empty_like, which the Python side lays out
+        (aten.native_layer_norm.default, lambda: (d, [8], None, None, 1e-5)),
+        (aten.add_.Tensor, lambda: (other.to(dev), d)),
+        (aten.empty_like.default, lambda: (d,)),
+    ]
+    for op, args in cases:
+        got, want = cls.__torch_dispatch__(op, (cls,), args(), {}), ST.PYTHON_ENTRY(cls, op, (cls,), args(), {})
+        assert type(got) is type(want), op
+        for g, w in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
+            assert type(g) is type(w) is cls, op
+            assert g.placements == w.placements, op
+            if op is not aten.empty_like.default:
+                torch.testing.assert_close(g.full_tensor().cpu(), w.full_tensor().cpu())
+    y = d * 2  # through torch
+    assert type(y) is cls and y.placements == d.placements
+    torch.testing.assert_close(y.full_tensor().cpu(), host * 2)
+    xla_dtensor.sync()
+
+
+@needs_native
+@pytest.mark.parametrize("consing", [True, False], ids=["lazy", "eager"])
+def test_constrain_stored_matches_python(consing, monkeypatch):
+    from xla_dtensor.core import layout as L
+    from xla_dtensor.sharding import ShardingSpec
+    from torch.distributed.tensor import Replicate, Shard
+    from mesh import Mesh
+    dev = xla_dtensor.device()
+    m = Mesh(range(8), (2, 4), ("data", "model"))
+    a, b = (ShardingSpec.from_placements(m, p, 2) for p in ([Shard(0), Replicate()], [Replicate(), Shard(1)]))
+    sa = L.named(a)
+    table = {(id(a), (4, 8)): (a, sa, *L.constraint_key(sa))}
+    ts = [torch.ones(4, 8, device=dev) * k for k in range(5)]
+    stores = [T.storage_of(t) for t in ts]
+    stores[3].value = L.constrain(stores[3].value, sa)  # already constrained: kept
+    for s, layout in zip(stores, (a, b, None, a, a)):
+        s.layout = layout
+    wide = torch.ones(2, 8, device=dev)  # a known layout at another shape: not in the table
+    T.storage_of(wide).layout = a
+    stores.append(T.storage_of(wide))
+    before = [s.value for s in stores]
+    monkeypatch.setattr(STATE, "consing", consing)
+
+    def run(c_path: bool) -> tuple[list, list]:
+        for s, v in zip(stores, before):
+            s.value = v
+        if not c_path:
+            monkeypatch.setattr(L, "_c_constrain_stored", None)
+        rest = L.constrain_stored(list(stores), table)
+        return rest, [s.value for s in stores]
+    rest_c, got_c = run(True)
+    rest_p, got_p = run(False)
+    assert rest_c == rest_p == [stores[1], stores[5]]
+    for i, (c, p) in enumerate(zip(got_c, got_p)):
+        if i in (0, 4):
+            assert c is not before[i] and (c.op, c.key, c.sharding, c.inputs) == (p.op, p.key, p.sharding, p.inputs)
+            assert c.op == L.CONSTRAINT and c.sharding is sa and c.inputs == (before[i],)
+        else:
+            assert c is p is before[i], i
+    py = T.PYTHON["Storage"](before[0], stores[0].meta)
+    assert native.MODULE.constrain_stored([py], table, L.CONSTRAINT, L._identity) is NotImplemented
+    monkeypatch.undo()
+    for s in stores:
+        s.layout = None
+    xla_dtensor.sync()
