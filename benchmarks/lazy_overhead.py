@@ -38,8 +38,9 @@ over minutes). The lazy cases also time single ops (:func:`_per_op`): ``torch.ad
 ``__torch_dispatch__`` that only returns a new wrapper tensor (the floor of any Python
 subclass) and on torch's CPU kernels.
 
-* in turn (``--case lockstep``): one device, 2x4 Megatron and AUTO, each in its own process, one step
-  each in turn (:func:`_lockstep`): the sharded / one-device ratios without the drift between runs.
+* in turn (``--case lockstep``): lazy on one device, torch eager, 2x4 Megatron and AUTO, each in its own
+  process, one step each in turn (:func:`_lockstep`): the lazy / torch eager and sharded / one-device
+  ratios without the drift between runs.
 
 Usage: PYTHONPATH=. python benchmarks/lazy_overhead.py [--opt adamw|sgd] [--label after]
 [--steps 10] [--rounds 3] [--no-save]
@@ -268,32 +269,39 @@ def case_lazy(args: argparse.Namespace, layout: str = "one", backward_on_caller:
 
 
 def case_lockstep(args: argparse.Namespace) -> dict:
-    """One layout's model (``--layout``) stepping when the parent says so (a line on stdin), each step's
-    host CPU ms and ops on a line of stdout; ``wait()`` after each step, outside the clock (see :func:`_lockstep`)."""
+    """One layout's model (``--layout``: ``torch`` is torch eager on CPU) stepping when the parent says so (a
+    line on stdin), each step's host CPU ms and ops on a line of stdout; ``wait()`` after each step, outside
+    the clock (see :func:`_lockstep`)."""
     import torch
     torch.set_num_threads(1)
-    import xla_dtensor
-    from xla_dtensor import metrics
-    model, opt, batch = (_setup(xla_dtensor.device(), args.opt) if args.layout == "one"
-                         else _setup_sharded(args.layout, args.opt))
-    clock = _host_clock(model, opt, batch, xla_dtensor.sync)
+    if args.layout == "torch":
+        model, opt, batch = _setup(torch.device("cpu"), args.opt)
+        clock, sync, wait, ops = time.thread_time, lambda: None, lambda: None, lambda: 0
+    else:
+        import xla_dtensor
+        from xla_dtensor import metrics
+        model, opt, batch = (_setup(xla_dtensor.device(), args.opt) if args.layout == "one"
+                             else _setup_sharded(args.layout, args.opt))
+        clock, sync, wait = _host_clock(model, opt, batch, xla_dtensor.sync), xla_dtensor.sync, xla_dtensor.wait
+        ops = lambda: metrics.counters()["ops_recorded"]  # noqa: E731
     print("ready", flush=True)
     for line in sys.stdin:
         if line.strip() != "step":
             break
-        m0 = metrics.counters()["ops_recorded"]
+        m0 = ops()
         c0 = clock()
         _step(model, opt, batch)
-        xla_dtensor.sync()
+        sync()
         c1 = clock()
-        xla_dtensor.wait()
-        print(json.dumps({"cpu_ms": 1e3 * (c1 - c0), "ops": metrics.counters()["ops_recorded"] - m0}), flush=True)
+        wait()
+        print(json.dumps({"cpu_ms": 1e3 * (c1 - c0), "ops": ops() - m0}), flush=True)
     return {}
 
 
-def _lockstep(args: argparse.Namespace, layouts: tuple[str, ...] = ("one", "tp", "auto")) -> dict:
+def _lockstep(args: argparse.Namespace, layouts: tuple[str, ...] = ("one", "torch", "tp", "auto")) -> dict:
     """Each layout in its own process, stepping in turn (one step each, round after round): the medians of
-    their host CPU ms per step and, per sharded layout, the median over rounds of its step / one device's.
+    their host CPU ms per step and, per other layout, the median over rounds of its step / one device's
+    (for ``torch``, torch eager on CPU, that is one device's lazy step / torch eager's: ``lazy_vs_torch``).
 
     NOTE: processes run minutes apart saw the machine's speed drift (AUTO / one device 1.08 in one run,
     1.63 in the next). In turn step by step, each ratio compares steps a few ms apart; each process is
@@ -324,7 +332,11 @@ def _lockstep(args: argparse.Namespace, layouts: tuple[str, ...] = ("one", "tp",
     out = {lay: {"cpu_ms": statistics.median(s["cpu_ms"] for s in v), "ops": statistics.median(s["ops"] for s in v)}
            for lay, v in steps.items()}
     for lay in layouts[1:]:
-        out[lay]["vs_one"] = statistics.median(a["cpu_ms"] / b["cpu_ms"] for a, b in zip(steps[lay], steps["one"]))
+        pairs = list(zip(steps[lay], steps["one"]))
+        if lay == "torch":
+            out[lay]["lazy_vs_torch"] = statistics.median(b["cpu_ms"] / a["cpu_ms"] for a, b in pairs)
+        else:
+            out[lay]["vs_one"] = statistics.median(a["cpu_ms"] / b["cpu_ms"] for a, b in pairs)
     return out
 
 
@@ -488,11 +500,13 @@ def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, py: dict, ph: dic
             continue
         rows += [(f"{name}: host CPU ms / step", sh["cpu_ms"]), (f"{name} / one device", sh["cpu_ms"] / lz["cpu_ms"]),
                  (f"{name}: ops recorded / step", sh["ops"])]
-    names = {"one": "one device", "tp": "2x4 Megatron", "auto": "AUTO 2x4"}
+    names = {"one": "lazy one device", "torch": "torch eager", "tp": "2x4 Megatron", "auto": "AUTO 2x4"}
     for lay, res in lock.items():
         rows.append((f"in turn: {names[lay]} CPU ms / step", res["cpu_ms"]))
         if "vs_one" in res:
             rows.append((f"  {names[lay]} / one device", res["vs_one"]))
+        if "lazy_vs_torch" in res:
+            rows.append(("  lazy one device / torch eager", res["lazy_vs_torch"]))
     for name, v in rows:
         lines.append(f"{name:<38}{v:>10.2f}")
     lines += failed
@@ -578,8 +592,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3, help="torch and lazy cases run in turn this many times")
     p.add_argument("--label", default="current")
-    p.add_argument("--layout", choices=["one", "tp", "auto"], default="one", help="the lockstep case's model")
-    p.add_argument("--lockstep-only", action="store_true", help="only the sharded layouts in turn (printed, not saved)")
+    p.add_argument("--layout", choices=["one", "torch", "tp", "auto"], default="one", help="the lockstep case's model")
+    p.add_argument("--lockstep-only", action="store_true", help="only the layouts in turn (printed, not saved)")
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args()
     if args.case:
