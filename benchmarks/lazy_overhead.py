@@ -308,16 +308,23 @@ def _lockstep(args: argparse.Namespace, layouts: tuple[str, ...] = ("one", "torc
     the layout alone (a one-device step in AUTO's process would run AUTO's sync hook too). Each step is
     waited for outside the clock, so no process records while another's program runs.
     """
-    procs = {}
+    import tempfile
+    procs, logs, failed = {}, {}, {}
     for lay in layouts:
         cmd = [sys.executable, __file__, "--case", "lockstep", "--layout", lay, "--opt", args.opt]
-        procs[lay] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        logs[lay] = tempfile.TemporaryFile("w+")  # (a pipe could fill up with warnings while we read stdout)
+        procs[lay] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logs[lay], text=True)
     try:
-        for lay, proc in procs.items():
-            line = proc.stdout.readline()
-            if line.strip() != "ready":
-                raise RuntimeError(f"lockstep process {lay!r} did not start: {line!r}")
-        steps: dict[str, list[dict]] = {lay: [] for lay in layouts}
+        for lay in list(procs):
+            if procs[lay].stdout.readline().strip() != "ready":  # e.g. TorchVersionError for a sharded layout
+                procs[lay].wait()
+                logs[lay].seek(0)
+                lines = logs[lay].read().strip().splitlines()
+                failed[lay] = {"error": lines[-1] if lines else f"exit {procs[lay].returncode}"}
+                del procs[lay]
+        if "one" not in procs:
+            return failed
+        steps: dict[str, list[dict]] = {lay: [] for lay in procs}
         for i in range(3 + 3 * args.steps):
             for lay, proc in procs.items():
                 proc.stdin.write("step\n")
@@ -329,15 +336,17 @@ def _lockstep(args: argparse.Namespace, layouts: tuple[str, ...] = ("one", "torc
         for proc in procs.values():
             proc.stdin.close()
             proc.wait()
+        for log in logs.values():
+            log.close()
     out = {lay: {"cpu_ms": statistics.median(s["cpu_ms"] for s in v), "ops": statistics.median(s["ops"] for s in v)}
            for lay, v in steps.items()}
-    for lay in layouts[1:]:
+    for lay in steps:
         pairs = list(zip(steps[lay], steps["one"]))
         if lay == "torch":
             out[lay]["lazy_vs_torch"] = statistics.median(b["cpu_ms"] / a["cpu_ms"] for a, b in pairs)
-        else:
+        elif lay != "one":
             out[lay]["vs_one"] = statistics.median(a["cpu_ms"] / b["cpu_ms"] for a, b in pairs)
-    return out
+    return {**out, **failed}
 
 
 # (category, regex over "file:function"), first match wins; order matters
@@ -502,6 +511,9 @@ def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, py: dict, ph: dic
                  (f"{name}: ops recorded / step", sh["ops"])]
     names = {"one": "lazy one device", "torch": "torch eager", "tp": "2x4 Megatron", "auto": "AUTO 2x4"}
     for lay, res in lock.items():
+        if "error" in res:
+            failed.append(f"in turn: {names[lay]}: failed: {res['error']}")
+            continue
         rows.append((f"in turn: {names[lay]} CPU ms / step", res["cpu_ms"]))
         if "vs_one" in res:
             rows.append((f"  {names[lay]} / one device", res["vs_one"]))
