@@ -1499,27 +1499,22 @@ torch_dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
     }
     if (!dispatch_configured())
         return NULL;
-    int own = own_cls != NULL && args[0] == own_cls;
-    if (own) {
-        Py_ssize_t n = PyTuple_GET_SIZE(own_ops);
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (PyTuple_GET_ITEM(own_ops, i) != func)
-                continue;
-            PyObject *kw0 = kwargs != Py_None && PyDict_Check(kwargs) ? Py_NewRef(kwargs) : PyDict_New();
-            if (kw0 == NULL)
-                return NULL;
-            PyObject *call[3] = {func, cargs, kw0};
-            PyObject *first = PyObject_Vectorcall(own_first, call, 3, NULL);
-            Py_DECREF(kw0);
-            if (first != Py_None)
-                return first;  /* its result, or NULL with its error */
-            Py_DECREF(first);
-            break;
-        }
-    }
     PyObject *kw = kwargs != Py_None && PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) ? Py_NewRef(kwargs) : PyDict_New();
     if (kw == NULL)
         return NULL;
+    int own = own_cls != NULL && args[0] == own_cls;
+    for (Py_ssize_t i = 0; own && i < PyTuple_GET_SIZE(own_ops); i++) {
+        if (PyTuple_GET_ITEM(own_ops, i) != func)
+            continue;
+        PyObject *call[3] = {func, cargs, kw};
+        PyObject *first = PyObject_Vectorcall(own_first, call, 3, NULL);
+        if (first != Py_None) {
+            Py_DECREF(kw);
+            return first;  /* its result, or NULL with its error */
+        }
+        Py_DECREF(first);
+        break;
+    }
     PyObject *got = PyObject_CallMethodNoArgs(lock, s_acquire);
     if (got == NULL) {
         Py_DECREF(kw);

@@ -106,11 +106,8 @@ def constrain_stored(pending: list[Any], table: dict[tuple, tuple]) -> list[Any]
         if e is None or e[0] is not spec:
             rest.append(s)
             continue
-        v, sharding = s.value, e[1]
-        if v.op != CONSTRAINT or not (v.sharding is sharding or v.sharding == sharding):
-            node = make_node(CONSTRAINT, e[2], e[3], (v,), _identity)
-            node.sharding = sharding
-            s.value = node
+        if not is_constraint(s.value, e[1]):
+            s.value = constrain(s.value, e[1])
     return rest
 
 

@@ -251,17 +251,12 @@ def _laid(spec: ShardingSpec, shape: tuple[int, ...]) -> tuple:
 def _pre_sync(pending: list[Storage]) -> None:
     # NOTE: the layouts seen before, at once (an AUTO-planned GPT step: ~600 sticky pending storages each
     # sync); here only new and uneven ones
-    rest = L.constrain_stored(pending, _EVEN)
-    laid, constrain, kind = _LAID.get, L.constrain, L.CONSTRAINT
-    for s in rest:
-        spec = s.layout
+    for s in L.constrain_stored(pending, _EVEN):
         shape = s.meta[0]
-        d = laid((id(spec), shape))
-        _, ns, even, pshape = d if d is not None and d[0] is spec else _laid(spec, shape)
+        _, ns, even, pshape = _laid(s.layout, shape)
         if even:
-            v = s.value
-            if v.op != kind or not (v.sharding is ns or v.sharding == ns):  # (not already constrained to it)
-                s.value = constrain(v, ns)
+            if not L.is_constraint(s.value, ns):
+                s.value = L.constrain(s.value, ns)
         else:
             s.value = L.pad(s.value, shape, pshape, ns)
             _REPADDED.append((s, pshape, ns))
