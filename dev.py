@@ -29,7 +29,8 @@ COMMANDS = {
 
 def _fingerprint() -> str:
     digest = hashlib.sha256()
-    for name in ("pyproject.toml", "constraints-dev.txt", "setup.py", "xla_dtensor/core/_native.c"):
+    for name in ("pyproject.toml", "constraints-dev.txt", "setup.py", "xla_dtensor/core/_native.c",
+                 "xla_dtensor/core/_maker.cpp"):
         digest.update((ROOT / name).read_bytes())
     return digest.hexdigest()
 
@@ -52,6 +53,8 @@ def setup() -> None:
     # torch first and pinned: an unpinned torch would pull several GB of CUDA wheels.
     _run(pip + ["-c", "constraints-dev.txt", "torch"])
     _run(pip + ["-c", "constraints-dev.txt", "-e", ".[dev,bench,models]"])
+    # the C++ tensor maker links against the torch just installed: built now, not by the first import
+    _run([str(PY), "-c", "from xla_dtensor.core import cxx; print(cxx.MODULE or cxx.REASON)"])
     STAMP.write_text(_fingerprint())
 
 

@@ -280,7 +280,9 @@ def case_lockstep(args: argparse.Namespace) -> dict:
     else:
         import xla_dtensor
         from xla_dtensor import metrics
-        model, opt, batch = (_setup(xla_dtensor.device(), args.opt) if args.layout == "one"
+        if args.layout == "phased":
+            xla_dtensor.config.launch_at_backward = True
+        model, opt, batch = (_setup(xla_dtensor.device(), args.opt) if args.layout in ("one", "phased")
                              else _setup_sharded(args.layout, args.opt))
         clock, sync, wait = _host_clock(model, opt, batch, xla_dtensor.sync), xla_dtensor.sync, xla_dtensor.wait
         ops = lambda: metrics.counters()["ops_recorded"]  # noqa: E731
@@ -604,7 +606,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3, help="torch and lazy cases run in turn this many times")
     p.add_argument("--label", default="current")
-    p.add_argument("--layout", choices=["one", "torch", "tp", "auto"], default="one", help="the lockstep case's model")
+    p.add_argument("--layout", choices=["one", "torch", "tp", "auto", "phased"], default="one", help="the lockstep case's model")
     p.add_argument("--lockstep-only", action="store_true", help="only the layouts in turn (printed, not saved)")
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args()

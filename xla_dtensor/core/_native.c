@@ -961,6 +961,8 @@ static PyTypeObject StorageType = {
 /* ---------------------------------------------------------------- output tensors */
 
 static PyObject *make_wrapper;  /* torch.Tensor._make_wrapper_subclass */
+typedef PyObject *(*make_fn)(PyObject *cls, PyObject *meta, PyObject *device);
+static make_fn maker;           /* core/_maker.cpp's MAKE: the same tensor without torch's argument parser */
 static PyObject *out_local;     /* tensor.OUT: the class of the tensors ops make on this thread */
 static PyObject *device;        /* the jax device */
 static PyObject *wrapper_kwnames;  /* ("strides", "dtype", "device") */
@@ -1003,10 +1005,30 @@ wrapper(PyObject *meta)
         return NULL;
     if (cls == Py_None)
         Py_SETREF(cls, Py_NewRef(lazy_type));
-    PyObject *call[5] = {cls, PyTuple_GET_ITEM(meta, 0), PyTuple_GET_ITEM(meta, 2), PyTuple_GET_ITEM(meta, 1), device};
-    PyObject *t = PyObject_Vectorcall(make_wrapper, call, 2, wrapper_kwnames);
+    PyObject *t;
+    if (maker != NULL) {
+        t = maker(cls, meta, device);
+    } else {
+        PyObject *call[5] = {cls, PyTuple_GET_ITEM(meta, 0), PyTuple_GET_ITEM(meta, 2), PyTuple_GET_ITEM(meta, 1), device};
+        t = PyObject_Vectorcall(make_wrapper, call, 2, wrapper_kwnames);
+    }
     Py_DECREF(cls);
     return t;
+}
+
+/* configure_maker(capsule or None): make output tensors with core/_maker.cpp's MAKE (None: _make_wrapper_subclass) */
+static PyObject *
+configure_maker(PyObject *self, PyObject *capsule)
+{
+    if (capsule == Py_None) {
+        maker = NULL;
+        Py_RETURN_NONE;
+    }
+    void *fn = PyCapsule_GetPointer(capsule, "xla_dtensor.core._maker.MAKE");
+    if (fn == NULL)
+        return NULL;
+    maker = (make_fn)fn;
+    Py_RETURN_NONE;
 }
 
 static int
@@ -1810,6 +1832,8 @@ static PyMethodDef methods[] = {
     {"configure_record", (PyCFunction)configure_record, METH_VARARGS,
      "configure_record(entries, record, recorded, fn_kind, view_kind, getitems): what record() reads."},
     {"alias", (PyCFunction)(void (*)(void))alias, METH_FASTCALL, "special._alias in C (detach, alias, lift_fresh)."},
+    {"configure_maker", (PyCFunction)configure_maker, METH_O,
+     "configure_maker(capsule or None): the C++ tensor maker (xla_dtensor.core.cxx), or _make_wrapper_subclass."},
     {"new_tensor", (PyCFunction)(void (*)(void))new_tensor, METH_FASTCALL, "tensor.new_tensor in C."},
     {"new_view", (PyCFunction)(void (*)(void))new_view, METH_FASTCALL, "tensor.new_view in C."},
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, "dispatch.record in C (its common cases)."},
