@@ -30,7 +30,7 @@ COMMANDS = {
 def _fingerprint() -> str:
     digest = hashlib.sha256()
     for name in ("pyproject.toml", "constraints-dev.txt", "setup.py", "xla_dtensor/core/_native.c",
-                 "xla_dtensor/core/_maker.cpp"):
+                 "xla_dtensor/core/_cxx.cpp"):
         digest.update((ROOT / name).read_bytes())
     return digest.hexdigest()
 

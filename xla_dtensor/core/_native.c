@@ -962,7 +962,7 @@ static PyTypeObject StorageType = {
 
 static PyObject *make_wrapper;  /* torch.Tensor._make_wrapper_subclass */
 typedef PyObject *(*make_fn)(PyObject *cls, PyObject *meta, PyObject *device);
-static make_fn maker;           /* core/_maker.cpp's MAKE: the same tensor without torch's argument parser */
+static make_fn maker;           /* core/_cxx.cpp's MAKE: the same tensor without torch's argument parser */
 static PyObject *out_local;     /* tensor.OUT: the class of the tensors ops make on this thread */
 static PyObject *device;        /* the jax device */
 static PyObject *wrapper_kwnames;  /* ("strides", "dtype", "device") */
@@ -1016,7 +1016,7 @@ wrapper(PyObject *meta)
     return t;
 }
 
-/* configure_maker(capsule or None): make output tensors with core/_maker.cpp's MAKE (None: _make_wrapper_subclass) */
+/* configure_maker(capsule or None): make output tensors with core/_cxx.cpp's MAKE (None: _make_wrapper_subclass) */
 static PyObject *
 configure_maker(PyObject *self, PyObject *capsule)
 {
@@ -1024,7 +1024,7 @@ configure_maker(PyObject *self, PyObject *capsule)
         maker = NULL;
         Py_RETURN_NONE;
     }
-    void *fn = PyCapsule_GetPointer(capsule, "xla_dtensor.core._maker.MAKE");
+    void *fn = PyCapsule_GetPointer(capsule, "xla_dtensor.core._cxx.MAKE");
     if (fn == NULL)
         return NULL;
     maker = (make_fn)fn;

@@ -1,12 +1,17 @@
-"""The core's C++ part (``core/_maker.cpp``), built against the installed torch and cached.
+"""The core's C++ part (``core/_cxx.cpp``), built against the installed torch and cached.
+
+Two things in it: the tensor maker the recorder makes its outputs with, and a kernel at torch's
+Python dispatch key for the :data:`HOT_OPS`, which takes their calls on lazy tensors straight to
+the core's C entry instead of through torch's generic Python fallback (~1.2 us an op less).
 
 It links against torch's C++ libraries, so unlike ``_native.c`` it cannot be built by
 ``pip install`` (torch is not in pip's build environment) and must match the torch it runs
 with. :func:`load` builds it once per torch version, Python and source (about 15 s with
 ``g++``; ``python3 dev.py setup`` does it), caches it under ``$XLA_DTENSOR_CACHE_DIR`` or
 ``~/.cache/xla_dtensor``, and imports it. Without a compiler the core makes its tensors
-with ``torch.Tensor._make_wrapper_subclass`` instead (~1 us more per recorded op) and
-says so once; ``XLA_DTENSOR_CXX=0`` chooses that without a warning.
+with ``torch.Tensor._make_wrapper_subclass`` and its ops take torch's fallback instead
+(~2 us more per recorded op), and says so once; ``XLA_DTENSOR_CXX=0`` chooses that without a
+warning.
 
 Example:
     >>> from xla_dtensor.core import cxx
@@ -26,8 +31,23 @@ import warnings
 from pathlib import Path
 from types import ModuleType
 
-SOURCE = Path(__file__).with_name("_maker.cpp")
-NAME = "_maker"
+SOURCE = Path(__file__).with_name("_cxx.cpp")
+NAME = "_cxx"
+
+# The ops whose calls the kernel at the Python key takes (those of them whose argument and result types
+# it converts: ``_cxx.install`` returns which): the views, elementwise and fused ops of a transformer's
+# step, with their backward ops. The rest go through torch's Python fallback, which ends in the same entry.
+HOT_OPS = tuple(f"aten::{name}" for name in (
+    "detach", "alias", "view", "_unsafe_view", "transpose.int", "t", "permute", "expand", "unsqueeze",
+    "squeeze.dim", "squeeze.dims", "slice.Tensor", "select.int", "split.Tensor", "split_with_sizes",
+    "unbind.int", "as_strided", "clone", "_to_copy", "copy_", "add.Tensor", "add_.Tensor", "sub.Tensor",
+    "mul.Tensor", "mul.Scalar", "mul_.Tensor", "mul_.Scalar", "div.Tensor", "div.Scalar", "neg", "exp",
+    "log", "sqrt", "rsqrt", "pow.Tensor_Scalar", "tanh", "sigmoid", "relu", "gelu", "gelu_backward", "silu",
+    "silu_backward", "threshold_backward", "tanh_backward", "sigmoid_backward", "native_layer_norm",
+    "native_layer_norm_backward", "embedding", "embedding_dense_backward", "mm", "bmm", "addmm", "_softmax",
+    "_softmax_backward_data", "_log_softmax", "_log_softmax_backward_data", "nll_loss_forward",
+    "nll_loss_backward", "sum.dim_IntList", "sum.default", "mean.dim", "ones_like", "zeros_like", "empty_like",
+    "fill_.Scalar", "zero_", "cat", "stack", "where.self", "masked_fill.Scalar"))
 
 
 def cache_dir() -> Path:
@@ -79,8 +99,9 @@ def build(quiet: bool = False) -> Path:
         try:
             done = subprocess.run(_command(Path(tmp)), capture_output=True, text=True)
             if done.returncode != 0:
-                raise RuntimeError(f"compiling {SOURCE.name} failed (exit {done.returncode}):\n"
-                                   f"{(done.stderr or done.stdout)[-2000:]}")
+                errors = [line for line in (done.stderr or done.stdout).splitlines() if "error" in line]
+                raise RuntimeError(f"compiling {SOURCE.name} failed (exit {done.returncode})"
+                                   + (f": {errors[0].strip()}" if errors else ""))
             os.replace(tmp, out)
         finally:
             if os.path.exists(tmp):
@@ -98,12 +119,23 @@ def _load() -> tuple[ModuleType | None, str]:
         spec.loader.exec_module(module)  # type: ignore[union-attr]
         return module, ""
     except (OSError, RuntimeError, ImportError) as error:
-        reason = f"the C++ tensor maker is not available ({str(error).splitlines()[0]})"
-        warnings.warn(f"{reason}: lazy tensors are made by torch.Tensor._make_wrapper_subclass, ~1 us more per "
-                      "recorded op. It needs g++ and Python's headers; XLA_DTENSOR_CXX=0 chooses this "
+        reason = f"the core's C++ part is not available ({str(error).splitlines()[0]})"
+        warnings.warn(f"{reason}: lazy tensors are made by torch.Tensor._make_wrapper_subclass and their ops take "
+                      "torch's Python fallback, ~2 us more per recorded op. It needs g++ and Python's headers; XLA_DTENSOR_CXX=0 chooses this "
                       "without the warning.", RuntimeWarning, stacklevel=2)
         return None, reason
 
 
 MODULE, REASON = _load()
+TAKEN: tuple[str, ...] = ()  # the HOT_OPS the kernel at the Python key takes (set by :func:`install`)
+
+
+def install(cls: type, entry: object) -> tuple[str, ...]:
+    """Put the kernel at the Python key for :data:`HOT_OPS`, calling ``entry(cls, func, types, args, kwargs)``
+    (``cls.__torch_dispatch__``'s function) for their calls on ``cls`` tensors; the ops it took."""
+    global TAKEN
+    if MODULE is None:
+        raise RuntimeError(REASON)
+    TAKEN = tuple(MODULE.install(cls, entry, list(HOT_OPS)))
+    return TAKEN
 

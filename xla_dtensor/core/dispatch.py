@@ -190,3 +190,6 @@ if _native.ON:  # the lazy tensor's __torch_dispatch__ and dispatch in C, with t
                                       _threads._THIS, _threads._USER, globals())
     dispatch = _native.MODULE.dispatch  # noqa: F811
     LazyTensor.__torch_dispatch__ = classmethod(_native.MODULE.torch_dispatch)  # type: ignore[assignment]
+    from xla_dtensor.core import cxx as _cxx
+    if _cxx.MODULE is not None:  # the hot ops' calls reach that entry from torch's C++ without its fallback
+        _cxx.install(LazyTensor, _native.MODULE.torch_dispatch)

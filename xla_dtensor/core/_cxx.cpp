@@ -1,0 +1,490 @@
+// The lazy core's C++ part, built against the installed torch by xla_dtensor.core.cxx (once, cached).
+//
+// 1. MAKE: a wrapper tensor of a LazyTensor class. torch.Tensor._make_wrapper_subclass makes the same
+//    tensor but parses its 15 keyword parameters with torch's Python argument parser first: 1.3-2.3 us
+//    of the ~7 us an op costs the recorder, against 0.4-0.7 us here. core/_native.c calls it through
+//    a capsule.
+// 2. install(): a kernel at the Python dispatch key for the hot ops, taking their calls on lazy
+//    tensors straight to the core's C entry (LazyTensor.__torch_dispatch__). torch's Python fallback
+//    gets there too, through its generic handling of subclasses and modes (~1.2 us an op more).
+//    Anything else (a dispatch mode, another tensor subclass, a replaced __torch_dispatch__) goes the
+//    fallback's way, reproduced below.
+#include <Python.h>
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/core/TensorOptions.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/PyInterpreterHooks.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Layout.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/PyInterpreter.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+// ------------------------------------------------------------------------------------------ MAKE
+
+bool int_items(PyObject *seq, c10::SmallVector<int64_t, 6> &out, const char *what) {
+  if (!PyTuple_Check(seq)) {
+    PyErr_Format(PyExc_TypeError, "make_tensor: %s must be a tuple of ints, got %.100s", what, Py_TYPE(seq)->tp_name);
+    return false;
+  }
+  Py_ssize_t n = PyTuple_GET_SIZE(seq);
+  out.resize(n);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(seq, i));
+    if (v == -1 && PyErr_Occurred())
+      return false;
+    out[i] = v;
+  }
+  return true;
+}
+
+// A tensor of class cls (a torch.Tensor subclass defining __torch_dispatch__) of metadata
+// meta = (shape, dtype, stride) on device, with no data: _make_wrapper_subclass(cls, shape,
+// strides=stride, dtype=dtype, device=device). A new reference, or NULL with an error set.
+PyObject *make(PyObject *cls, PyObject *meta, PyObject *device) {
+  if (!PyType_Check(cls) || !PyTuple_Check(meta) || PyTuple_GET_SIZE(meta) != 3 ||
+      !THPDtype_Check(PyTuple_GET_ITEM(meta, 1)) || !THPDevice_Check(device)) {
+    PyErr_SetString(PyExc_TypeError, "make_tensor(cls, (shape, dtype, stride), device)");
+    return nullptr;
+  }
+  c10::SmallVector<int64_t, 6> sizes, strides;
+  if (!int_items(PyTuple_GET_ITEM(meta, 0), sizes, "shape") || !int_items(PyTuple_GET_ITEM(meta, 2), strides, "stride"))
+    return nullptr;
+  if (sizes.size() != strides.size()) {
+    PyErr_Format(PyExc_ValueError, "make_tensor: shape has %zd dims, stride %zd", sizes.size(), strides.size());
+    return nullptr;
+  }
+  try {
+    auto options = c10::TensorOptions()
+                       .dtype(reinterpret_cast<THPDtype *>(PyTuple_GET_ITEM(meta, 1))->scalar_type)
+                       .device(reinterpret_cast<THPDevice *>(device)->device);
+    int64_t nbytes = at::detail::computeStorageNbytes(sizes, strides, options.dtype().itemsize());
+    // no data: the storage only tells aliasing apart, as _make_wrapper_subclass's does
+    c10::Storage storage(c10::Storage::use_byte_size_t{}, nbytes, c10::DataPtr{nullptr, options.device()},
+                         c10::GetAllocator(c10::kMeta), /*resizable=*/true);
+    at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+        std::move(storage), c10::DispatchKeySet({options.computeDispatchKey()}), options.dtype());
+    t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
+    PyObject *obj = THPVariable_Wrap(t, reinterpret_cast<PyTypeObject *>(cls));
+    if (obj != nullptr)
+      t.unsafeGetTensorImpl()->set_python_dispatch(true);  // ops go to cls.__torch_dispatch__
+    return obj;
+  } catch (const std::exception &e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+PyObject *make_tensor(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "make_tensor(cls, (shape, dtype, stride), device)");
+    return nullptr;
+  }
+  return make(args[0], args[1], args[2]);
+}
+
+// ------------------------------------------------------------------- the Python key's hot ops
+
+// The lazy classes and their __torch_dispatch__ (as found in the class dict when installed), the
+// core's C entry (called entry(cls, func, (cls,), args, kwargs)), the types tuples.
+PyObject *lazy_cls, *lazy_td, *own_cls, *own_td, *entry, *lazy_types, *own_types, *s_td;
+std::unique_ptr<torch::Library> library;
+int64_t fast_calls, other_calls;
+bool enabled = true;  // off: every call takes the fallback's way (tests compare the two)
+
+// every key above the Python key: what torch's Python fallback excludes while __torch_dispatch__ runs
+constexpr c10::DispatchKeySet above_python =
+    c10::DispatchKeySet(c10::DispatchKeySet::FULL) ^
+    (c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Python) |
+     c10::DispatchKeySet(c10::DispatchKey::Python));
+
+// the kind of an argument's type, Optional[T] read as T
+c10::TypeKind kind_of(const c10::TypePtr &type) {
+  if (auto opt = type->cast<c10::OptionalType>())
+    return opt->getElementType()->kind();
+  return type->kind();
+}
+
+bool supported_arg(const c10::TypePtr &type) {
+  switch (kind_of(type)) {
+  case c10::TypeKind::TensorType:
+  case c10::TypeKind::IntType:
+  case c10::TypeKind::SymIntType:
+  case c10::TypeKind::FloatType:
+  case c10::TypeKind::BoolType:
+  case c10::TypeKind::NumberType:  // Scalar
+  case c10::TypeKind::ScalarTypeType:
+  case c10::TypeKind::LayoutType:
+  case c10::TypeKind::MemoryFormatType:
+  case c10::TypeKind::DeviceObjType:
+    return true;
+  case c10::TypeKind::ListType: {
+    c10::TypePtr t = type;
+    if (auto opt = t->cast<c10::OptionalType>())
+      t = opt->getElementType();
+    auto k = kind_of(t->castRaw<c10::ListType>()->getElementType());
+    return k == c10::TypeKind::TensorType || k == c10::TypeKind::IntType || k == c10::TypeKind::SymIntType;
+  }
+  default:
+    return false;
+  }
+}
+
+// Whether the kernel can present op's arguments as torch does and take back its results.
+bool supported(const c10::FunctionSchema &schema) {
+  if (schema.is_vararg() || schema.is_varret() || schema.returns().empty())
+    return false;
+  for (const auto &a : schema.arguments())
+    if (!supported_arg(a.real_type()))
+      return false;
+  for (const auto &r : schema.returns()) {
+    auto k = r.real_type()->kind();
+    bool list = k == c10::TypeKind::ListType &&
+                r.real_type()->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType;
+    if (k != c10::TypeKind::TensorType && !list)
+      return false;
+  }
+  return true;
+}
+
+// value v of an argument of type `type` as torch gives it to __torch_dispatch__ (a new reference)
+PyObject *to_py(const c10::TypePtr &type, const c10::IValue &v) {
+  if (v.isNone())
+    Py_RETURN_NONE;
+  switch (kind_of(type)) {
+  case c10::TypeKind::ScalarTypeType:
+    return Py_NewRef(reinterpret_cast<PyObject *>(torch::getTHPDtype(v.toScalarType())));
+  case c10::TypeKind::LayoutType:
+    return Py_NewRef(reinterpret_cast<PyObject *>(torch::getTHPLayout(v.toLayout())));
+  case c10::TypeKind::MemoryFormatType:
+    return Py_NewRef(torch::utils::getTHPMemoryFormat(v.toMemoryFormat()));
+  case c10::TypeKind::DeviceObjType:
+    return THPDevice_New(v.toDevice());
+  default:
+    break;
+  }
+  try {  // as torch's fallback gives the rest: a wrapped number as a Python number, lists as lists...
+    return torch::jit::toPyObject(v).release().ptr();
+  } catch (python_error &e) {
+    e.restore();
+  } catch (const std::exception &e) {
+    PyErr_SetString(PyExc_TypeError, e.what());
+  }
+  return nullptr;
+}
+
+bool is_default(const c10::Argument &a, const c10::IValue &v) {
+  return a.default_value().has_value() && *a.default_value() == v;
+}
+
+// (args, kwargs) as torch's Python fallback presents them: positional arguments up to the last one
+// not at its default, keyword-only ones not at their defaults.
+bool present(const c10::FunctionSchema &schema, const std::vector<c10::IValue> &values, PyObject **args,
+             PyObject **kwargs) {
+  const auto &decl = schema.arguments();
+  size_t n = values.size(), kw_start = n;
+  while (kw_start > 0 && decl[kw_start - 1].kwarg_only())
+    kw_start--;
+  size_t npos = kw_start;
+  while (npos > 0 && is_default(decl[npos - 1], values[npos - 1]))
+    npos--;
+  *args = PyTuple_New(static_cast<Py_ssize_t>(npos));
+  *kwargs = PyDict_New();
+  if (*args == nullptr || *kwargs == nullptr)
+    return false;
+  for (size_t i = 0; i < npos; i++) {
+    PyObject *o = to_py(decl[i].real_type(), values[i]);
+    if (o == nullptr)
+      return false;
+    PyTuple_SET_ITEM(*args, static_cast<Py_ssize_t>(i), o);
+  }
+  for (size_t i = kw_start; i < n; i++) {
+    if (is_default(decl[i], values[i]))
+      continue;
+    PyObject *o = to_py(decl[i].real_type(), values[i]);
+    int bad = o == nullptr || PyDict_SetItemString(*kwargs, decl[i].name().c_str(), o) < 0;
+    Py_XDECREF(o);
+    if (bad)
+      return false;
+  }
+  return true;
+}
+
+at::Tensor tensor_of(PyObject *o, const c10::OperatorHandle &op) {
+  TORCH_CHECK_TYPE(THPVariable_Check(o), "__torch_dispatch__ of ", op.schema().name(),
+                   " returned ", Py_TYPE(o)->tp_name, " where a Tensor was expected");
+  return THPVariable_Unpack(o);
+}
+
+void push_result(const c10::OperatorHandle &op, torch::jit::Stack *stack, PyObject *res) {
+  const auto &rets = op.schema().returns();
+  auto one = [&](const c10::Argument &r, PyObject *o) {
+    if (r.real_type()->kind() == c10::TypeKind::TensorType) {
+      torch::jit::push(*stack, tensor_of(o, op));
+      return;
+    }
+    TORCH_CHECK_TYPE(PyList_Check(o) || PyTuple_Check(o), "__torch_dispatch__ of ", op.schema().name(),
+                     " returned ", Py_TYPE(o)->tp_name, " where a list of tensors was expected");
+    c10::List<at::Tensor> list;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+    for (Py_ssize_t i = 0; i < n; i++)
+      list.push_back(tensor_of(PySequence_Fast_ITEMS(o)[i], op));
+    torch::jit::push(*stack, std::move(list));
+  };
+  if (rets.size() == 1) {
+    one(rets[0], res);
+    return;
+  }
+  TORCH_CHECK_TYPE((PyTuple_Check(res) || PyList_Check(res)) &&
+                       PySequence_Fast_GET_SIZE(res) == static_cast<Py_ssize_t>(rets.size()),
+                   "__torch_dispatch__ of ", op.schema().name(), " returned ", Py_TYPE(res)->tp_name,
+                   " where ", rets.size(), " results were expected");
+  for (size_t i = 0; i < rets.size(); i++)
+    one(rets[i], PySequence_Fast_ITEMS(res)[i]);
+}
+
+// Which lazy class takes this call (own_cls, the subclass, wins as in torch's choice among overloaded
+// arguments), or nullptr when a tensor with the Python key is of another class.
+PyObject *lazy_class_of(const c10::IValue &v, PyObject *cls, bool &python) {
+  auto visit = [&](c10::TensorImpl *t) -> bool {
+    if (!t->key_set().has(c10::DispatchKey::Python))
+      return true;
+    python = true;
+    PyObject *o = t->pyobj_slot()->load_pyobj();
+    if (o == nullptr)
+      return false;
+    PyObject *tp = reinterpret_cast<PyObject *>(Py_TYPE(o));
+    if (tp == own_cls && own_cls != nullptr)
+      cls = own_cls;
+    return tp == lazy_cls || tp == own_cls;
+  };
+  if (v.isTensor())
+    return visit(v.unsafeToTensorImpl()) ? cls : nullptr;
+  if (v.isTensorList() || v.isOptionalTensorList())
+    for (const auto &nv : v.toListRef())
+      if (!nv.isNone() && !visit(nv.unsafeToTensorImpl()))
+        return nullptr;
+  return cls;
+}
+
+// torch's Python fallback for this call: the innermost dispatch mode, else the arguments' interpreter.
+void fallback(const c10::OperatorHandle &op, c10::DispatchKeySet keys, torch::jit::Stack *stack) {
+  other_calls++;
+  const auto nmodes = c10::impl::TorchDispatchModeTLS::stack_len();
+  if (nmodes > 0) {
+    c10::impl::TorchDispatchModeTLS::get_stack_at(nmodes - 1)->pyinterpreter()->dispatch(op, stack);
+    return;
+  }
+  bool python = false;
+  const c10::impl::PyInterpreter *interpreter = nullptr;
+  auto visit = [&](c10::TensorImpl *t) {
+    python = python || t->key_set().has(c10::DispatchKey::Python);
+    if (interpreter == nullptr && t->pyobj_slot()->load_pyobj() != nullptr)
+      interpreter = c10::impl::getGlobalPyInterpreter();  // (one interpreter per process in this torch)
+  };
+  for (const auto &v : torch::jit::last(*stack, op.schema().arguments().size())) {
+    if (v.isTensor())
+      visit(v.unsafeToTensorImpl());
+    else if (v.isTensorList() || v.isOptionalTensorList())
+      for (const auto &nv : v.toListRef())
+        if (!nv.isNone())
+          visit(nv.unsafeToTensorImpl());
+  }
+  TORCH_INTERNAL_ASSERT(interpreter != nullptr, "Python dispatch key but no argument has a Python interpreter");
+  if (python) {
+    (*interpreter)->dispatch(op, stack);
+    return;
+  }
+  // no mode and no tensor with the Python key (a mode added the key): on without it
+  auto local = c10::impl::tls_local_dispatch_key_set();
+  c10::impl::ForceDispatchKeyGuard no_python(local.included_.remove(c10::DispatchKey::Python), local.excluded_);
+  op.redispatchBoxed(keys.remove(c10::DispatchKey::Python), stack);
+}
+
+// the Python error set now, as a C++ exception torch's bindings turn back into it (kept with the exception:
+// the call may come back to Python on another thread, as in a backward)
+[[noreturn]] void raise_python_error() {
+  python_error error;
+  error.persist();
+  throw error;
+}
+
+void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet keys, torch::jit::Stack *stack) {
+  c10::impl::ExcludeDispatchKeyGuard exclude(above_python);
+  if (!enabled || c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
+    fallback(op, keys, stack);
+    return;
+  }
+  pybind11::gil_scoped_acquire gil;
+  const auto &schema = op.schema();
+  const size_t n = schema.arguments().size();
+  PyObject *cls = lazy_cls;
+  bool python = false;
+  for (const auto &v : torch::jit::last(*stack, n)) {
+    cls = lazy_class_of(v, cls, python);
+    if (cls == nullptr)
+      break;
+  }
+  PyObject *td = cls == nullptr ? nullptr : _PyType_Lookup(reinterpret_cast<PyTypeObject *>(cls), s_td);
+  if (cls == nullptr || !python || td != (cls == own_cls ? own_td : lazy_td)) {
+    fallback(op, keys, stack);
+    return;
+  }
+  fast_calls++;
+  std::vector<c10::IValue> values = torch::jit::pop(*stack, n);
+  PyObject *args = nullptr, *kwargs = nullptr;
+  if (!present(schema, values, &args, &kwargs)) {
+    Py_XDECREF(args);
+    Py_XDECREF(kwargs);
+    raise_python_error();
+  }
+  PyObject *call[5] = {cls, torch::detail::getTorchApiFunction(op).ptr(), cls == own_cls ? own_types : lazy_types,
+                       args, kwargs};
+  PyObject *res = PyObject_Vectorcall(entry, call, 5, nullptr);
+  Py_DECREF(args);
+  Py_DECREF(kwargs);
+  if (res == nullptr)
+    raise_python_error();
+  try {
+    push_result(op, stack, res);
+  } catch (...) {
+    Py_DECREF(res);
+    throw;
+  }
+  Py_DECREF(res);
+}
+
+// install(lazy_cls, entry, names): the kernel for the ops named ("aten::add.Tensor"...) whose
+// schemas it supports; the names it took.
+PyObject *install(PyObject *, PyObject *args) {
+  PyObject *cls, *fn, *names;
+  if (!PyArg_ParseTuple(args, "O!OO!", &PyType_Type, &cls, &fn, &PyList_Type, &names))
+    return nullptr;
+  if (library != nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "install: the kernel is installed already");
+    return nullptr;
+  }
+  PyObject *td = PyDict_GetItemString(reinterpret_cast<PyTypeObject *>(cls)->tp_dict, "__torch_dispatch__");
+  if (td == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "install: the class defines no __torch_dispatch__");
+    return nullptr;
+  }
+  PyObject *taken = PyList_New(0);
+  if (taken == nullptr)
+    return nullptr;
+  try {
+    s_td = PyUnicode_InternFromString("__torch_dispatch__");
+    lazy_cls = Py_NewRef(cls);
+    lazy_td = Py_NewRef(td);
+    entry = Py_NewRef(fn);
+    lazy_types = PyTuple_Pack(1, cls);
+    library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::Python,
+                                               __FILE__, __LINE__);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(names); i++) {
+      const char *name = PyUnicode_AsUTF8(PyList_GET_ITEM(names, i));
+      if (name == nullptr)
+        throw python_error();
+      std::string full(name), base = full, overload;
+      auto dot = full.find('.');
+      if (dot != std::string::npos) {
+        base = full.substr(0, dot);
+        overload = full.substr(dot + 1);
+      }
+      auto handle = c10::Dispatcher::singleton().findSchema({base, overload == "default" ? "" : overload});
+      if (!handle.has_value() || !supported(handle->schema()))
+        continue;
+      std::string short_name = base.substr(base.find("::") + 2) +
+                               (overload.empty() || overload == "default" ? "" : "." + overload);
+      library->impl(short_name.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
+      PyList_Append(taken, PyList_GET_ITEM(names, i));
+    }
+  } catch (python_error &e) {
+    Py_DECREF(taken);
+    e.restore();
+    return nullptr;
+  } catch (const std::exception &e) {
+    Py_DECREF(taken);
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  return taken;
+}
+
+// own_class(cls): a LazyTensor subclass whose calls the kernel also takes (XLAShardedTensor)
+PyObject *own_class(PyObject *, PyObject *cls) {
+  if (!PyType_Check(cls)) {
+    PyErr_SetString(PyExc_TypeError, "own_class(cls): a class");
+    return nullptr;
+  }
+  PyObject *td = PyDict_GetItemString(reinterpret_cast<PyTypeObject *>(cls)->tp_dict, "__torch_dispatch__");
+  if (td == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "own_class: the class defines no __torch_dispatch__");
+    return nullptr;
+  }
+  Py_XSETREF(own_cls, Py_NewRef(cls));
+  Py_XSETREF(own_td, Py_NewRef(td));
+  Py_XSETREF(own_types, PyTuple_Pack(1, cls));
+  Py_RETURN_NONE;
+}
+
+// enable(on): whether the kernel takes calls to the entry (off: all go the fallback's way); the old setting
+PyObject *enable(PyObject *, PyObject *on) {
+  int v = PyObject_IsTrue(on);
+  if (v < 0)
+    return nullptr;
+  PyObject *was = PyBool_FromLong(enabled);
+  enabled = v;
+  return was;
+}
+
+// calls(): (calls the kernel took to the entry, calls it handed to torch's fallback)
+PyObject *calls(PyObject *, PyObject *) {
+  return Py_BuildValue("(LL)", static_cast<long long>(fast_calls), static_cast<long long>(other_calls));
+}
+
+PyMethodDef methods[] = {
+    {"make_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(make_tensor)), METH_FASTCALL,
+     "make_tensor(cls, (shape, dtype, stride), device): _make_wrapper_subclass(cls, shape, strides=stride, "
+     "dtype=dtype, device=device) in C++."},
+    {"install", install, METH_VARARGS,
+     "install(lazy_cls, entry, names): the Python key's kernel for these ops (those it supports: returned)."},
+    {"own_class", own_class, METH_O, "own_class(cls): a LazyTensor subclass the kernel also takes."},
+    {"enable", enable, METH_O, "enable(on): whether the kernel takes calls to the entry; returns the old setting."},
+    {"calls", calls, METH_NOARGS, "calls(): (calls taken to the entry, calls handed to torch's fallback)."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cxx", "The lazy core's C++ part (xla_dtensor.core.cxx).", -1,
+                      methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__cxx(void) {
+  PyObject *m = PyModule_Create(&module);
+  if (m == nullptr)
+    return nullptr;
+  PyObject *cap = PyCapsule_New(reinterpret_cast<void *>(&make), "xla_dtensor.core._cxx.MAKE", nullptr);
+  if (cap == nullptr || PyModule_AddObject(m, "MAKE", cap) < 0) {
+    Py_XDECREF(cap);
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
+}
