@@ -135,13 +135,15 @@ bool supported_arg(const c10::TypePtr &type) {
   case c10::TypeKind::LayoutType:
   case c10::TypeKind::MemoryFormatType:
   case c10::TypeKind::DeviceObjType:
+  case c10::TypeKind::StringType:
     return true;
   case c10::TypeKind::ListType: {
     c10::TypePtr t = type;
     if (auto opt = t->cast<c10::OptionalType>())
       t = opt->getElementType();
     auto k = kind_of(t->castRaw<c10::ListType>()->getElementType());
-    return k == c10::TypeKind::TensorType || k == c10::TypeKind::IntType || k == c10::TypeKind::SymIntType;
+    return k == c10::TypeKind::TensorType || k == c10::TypeKind::IntType || k == c10::TypeKind::SymIntType ||
+           k == c10::TypeKind::BoolType || k == c10::TypeKind::FloatType;
   }
   default:
     return false;
@@ -229,6 +231,8 @@ bool present(const c10::FunctionSchema &schema, const std::vector<c10::IValue> &
 }
 
 at::Tensor tensor_of(PyObject *o, const c10::OperatorHandle &op) {
+  if (o == Py_None)  // an output not asked for (native_layer_norm_backward's output_mask): undefined
+    return at::Tensor();
   TORCH_CHECK_TYPE(THPVariable_Check(o), "__torch_dispatch__ of ", op.schema().name(),
                    " returned ", Py_TYPE(o)->tp_name, " where a Tensor was expected");
   return THPVariable_Unpack(o);

@@ -44,8 +44,7 @@ def test_the_dev_install_builds_the_cxx_part():
         pytest.skip("the C recorder or the maker is switched off")
     assert cxx.MODULE is not None, cxx.REASON
     assert cxx.target().exists() and str(cxx.MODULE.__file__) == str(cxx.target())
-    assert {"aten::detach", "aten::add.Tensor", "aten::native_layer_norm", "aten::clone",
-            "aten::sum.dim_IntList"} <= set(cxx.TAKEN)
+    assert set(cxx.TAKEN) == set(cxx.HOT_OPS)  # each one's argument and result types convert
 
 
 @needs_maker
@@ -136,6 +135,10 @@ CALLS = [
     ("split", lambda x, y: aten.split.Tensor(x, 1, 1)),
     ("cat", lambda x, y: aten.cat.default([x, y], 1)),
     ("layer norm", lambda x, y: aten.native_layer_norm.default(x, [4], None, y[0], 1e-5)),
+    ("layer norm backward bool list", lambda x, y: aten.native_layer_norm_backward.default(
+        y, x, [4], x.mean(1, keepdim=True), x.var(1, keepdim=True), y[0], None, [True, True, False])),
+    ("gelu string", lambda x, y: aten.gelu.default(x, approximate="tanh")),
+    ("gelu backward", lambda x, y: aten.gelu_backward.default(y, x)),
     ("where", lambda x, y: aten.where.self(x > 0, x, y)),
     ("detach", lambda x, y: aten.detach.default(x)),
 ]
@@ -188,6 +191,9 @@ def test_the_entry_gets_the_arguments_torch_gives(name, call, monkeypatch):
     expected = call(x.cpu(), y.cpu())
     for g, e in zip(got if isinstance(got, (list, tuple)) else [got], expected if isinstance(
             expected, (list, tuple)) else [expected]):
+        if e is None:  # an output the call did not ask for
+            assert g is None
+            continue
         assert g.dtype == e.dtype and g.shape == e.shape and g.stride() == e.stride()
         torch.testing.assert_close(g.cpu(), e, rtol=1e-5, atol=1e-5)
 
