@@ -300,7 +300,7 @@ def case_lockstep(args: argparse.Namespace) -> dict:
     return {}
 
 
-def _lockstep(args: argparse.Namespace, layouts: tuple[str, ...] = ("one", "torch", "tp", "auto")) -> dict:
+def _lockstep(args: argparse.Namespace, layouts: tuple[str, ...] = ("one", "torch", "no_cxx", "tp", "auto")) -> dict:
     """Each layout in its own process, stepping in turn (one step each, round after round): the medians of
     their host CPU ms per step and, per other layout, the median over rounds of its step / one device's
     (for ``torch``, torch eager on CPU, that is one device's lazy step / torch eager's: ``lazy_vs_torch``).
@@ -313,9 +313,13 @@ def _lockstep(args: argparse.Namespace, layouts: tuple[str, ...] = ("one", "torc
     import tempfile
     procs, logs, failed = {}, {}, {}
     for lay in layouts:
-        cmd = [sys.executable, __file__, "--case", "lockstep", "--layout", lay, "--opt", args.opt]
+        # no_cxx: one device without the core's C++ part (xla_dtensor.core.cxx): torch's tensor maker and fallback
+        cmd = [sys.executable, __file__, "--case", "lockstep", "--layout", "one" if lay == "no_cxx" else lay,
+               "--opt", args.opt]
+        env = {**os.environ, "XLA_DTENSOR_CXX": "0"} if lay == "no_cxx" else None
         logs[lay] = tempfile.TemporaryFile("w+")  # (a pipe could fill up with warnings while we read stdout)
-        procs[lay] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logs[lay], text=True)
+        procs[lay] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logs[lay], text=True,
+                                      env=env)
     try:
         for lay in list(procs):
             if procs[lay].stdout.readline().strip() != "ready":  # e.g. TorchVersionError for a sharded layout
@@ -511,7 +515,8 @@ def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, py: dict, ph: dic
             continue
         rows += [(f"{name}: host CPU ms / step", sh["cpu_ms"]), (f"{name} / one device", sh["cpu_ms"] / lz["cpu_ms"]),
                  (f"{name}: ops recorded / step", sh["ops"])]
-    names = {"one": "lazy one device", "torch": "torch eager", "tp": "2x4 Megatron", "auto": "AUTO 2x4"}
+    names = {"one": "lazy one device", "torch": "torch eager", "tp": "2x4 Megatron", "auto": "AUTO 2x4",
+             "no_cxx": "no C++ part", "phased": "in phases"}
     for lay, res in lock.items():
         if "error" in res:
             failed.append(f"in turn: {names[lay]}: failed: {res['error']}")

@@ -376,6 +376,16 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet keys, torch::jit:
   Py_DECREF(res);
 }
 
+// cls's own __torch_dispatch__ (borrowed: the kernel compares the class's with it at each call), or NULL
+// with a TypeError naming the caller `who`
+PyObject *own_dispatch(PyObject *cls, const char *who) {
+  PyObject *td = PyDict_GetItemString(reinterpret_cast<PyTypeObject *>(cls)->tp_dict, "__torch_dispatch__");
+  if (td == nullptr)
+    PyErr_Format(PyExc_TypeError, "%s: %.100s defines no __torch_dispatch__", who,
+                 reinterpret_cast<PyTypeObject *>(cls)->tp_name);
+  return td;
+}
+
 // install(lazy_cls, entry, names): the kernel for the ops named ("aten::add.Tensor"...) whose
 // schemas it supports; the names it took.
 PyObject *install(PyObject *, PyObject *args) {
@@ -386,11 +396,9 @@ PyObject *install(PyObject *, PyObject *args) {
     PyErr_SetString(PyExc_RuntimeError, "install: the kernel is installed already");
     return nullptr;
   }
-  PyObject *td = PyDict_GetItemString(reinterpret_cast<PyTypeObject *>(cls)->tp_dict, "__torch_dispatch__");
-  if (td == nullptr) {
-    PyErr_SetString(PyExc_TypeError, "install: the class defines no __torch_dispatch__");
+  PyObject *td = own_dispatch(cls, "install");
+  if (td == nullptr)
     return nullptr;
-  }
   PyObject *taken = PyList_New(0);
   if (taken == nullptr)
     return nullptr;
@@ -434,13 +442,10 @@ PyObject *install(PyObject *, PyObject *args) {
 
 // own_class(cls): a LazyTensor subclass whose calls the kernel also takes (XLAShardedTensor)
 PyObject *own_class(PyObject *, PyObject *cls) {
-  if (!PyType_Check(cls)) {
-    PyErr_SetString(PyExc_TypeError, "own_class(cls): a class");
-    return nullptr;
-  }
-  PyObject *td = PyDict_GetItemString(reinterpret_cast<PyTypeObject *>(cls)->tp_dict, "__torch_dispatch__");
+  PyObject *td = PyType_Check(cls) ? own_dispatch(cls, "own_class") : nullptr;
   if (td == nullptr) {
-    PyErr_SetString(PyExc_TypeError, "own_class: the class defines no __torch_dispatch__");
+    if (!PyErr_Occurred())
+      PyErr_SetString(PyExc_TypeError, "own_class(cls): a class");
     return nullptr;
   }
   Py_XSETREF(own_cls, Py_NewRef(cls));

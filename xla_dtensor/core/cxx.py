@@ -7,8 +7,9 @@ the core's C entry instead of through torch's generic Python fallback (~1.2 us a
 It links against torch's C++ libraries, so unlike ``_native.c`` it cannot be built by
 ``pip install`` (torch is not in pip's build environment) and must match the torch it runs
 with. :func:`load` builds it once per torch version, Python and source (about 15 s with
-``g++``; ``python3 dev.py setup`` does it), caches it under ``$XLA_DTENSOR_CACHE_DIR`` or
-``~/.cache/xla_dtensor``, and imports it. Without a compiler the core makes its tensors
+``g++``; ``python3 dev.py setup`` does it), keeps it under ``$XLA_DTENSOR_BUILD_DIR`` or
+``~/.cache/xla_dtensor/build`` (a build, not data: the test suite's temporary
+``XLA_DTENSOR_CACHE_DIR`` leaves it where setup put it), and imports it. Without a compiler the core makes its tensors
 with ``torch.Tensor._make_wrapper_subclass`` and its ops take torch's fallback instead
 (~2 us more per recorded op), and says so once; ``XLA_DTENSOR_CXX=0`` chooses that without a
 warning.
@@ -50,19 +51,27 @@ HOT_OPS = tuple(f"aten::{name}" for name in (
     "fill_.Scalar", "zero_", "cat", "stack", "where.self", "masked_fill.Scalar"))
 
 
-def cache_dir() -> Path:
-    """Where built modules are kept: ``$XLA_DTENSOR_CACHE_DIR``, else ``~/.cache/xla_dtensor``."""
-    env = os.environ.get("XLA_DTENSOR_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "xla_dtensor"
+def build_dir() -> Path:
+    """Where built modules are kept: ``$XLA_DTENSOR_BUILD_DIR``, else ``~/.cache/xla_dtensor/build``."""
+    env = os.environ.get("XLA_DTENSOR_BUILD_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "xla_dtensor" / "build"
+
+
+def _stem() -> str:
+    """The module's file name up to its source's digest: this torch, Python, platform and C++ ABI."""
+    import torch
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    tag = f"torch{torch.__version__}-{sys.implementation.cache_tag}-{sysconfig.get_platform()}-abi{abi}"
+    return f"{NAME}-{tag.replace('+', '_')}"
+
+
+_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 
 
 def target() -> Path:
     """The module's path for this torch, Python, platform and source."""
-    import torch
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    tag = f"torch{torch.__version__}-{sys.implementation.cache_tag}-{sysconfig.get_platform()}-abi{abi}-{digest}"
-    return cache_dir() / f"{NAME}-{tag.replace('+', '_')}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+    return build_dir() / f"{_stem()}-{digest}{_SUFFIX}"
 
 
 def _command(out: Path) -> list[str]:
@@ -103,10 +112,19 @@ def build(quiet: bool = False) -> Path:
                 raise RuntimeError(f"compiling {SOURCE.name} failed (exit {done.returncode})"
                                    + (f": {errors[0].strip()}" if errors else ""))
             os.replace(tmp, out)
+            _prune(out)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
     return out
+
+
+def _prune(out: Path, age_s: float = 3600.0) -> None:
+    """Remove this torch's and Python's builds of other sources than ``out``'s, made over ``age_s`` before
+    it (a checkout of an older source rebuilds; one in use beside this one keeps its build)."""
+    for old in out.parent.glob(f"{_stem()}-*{_SUFFIX}"):
+        if old != out and old.stat().st_mtime < out.stat().st_mtime - age_s:
+            old.unlink(missing_ok=True)
 
 
 def _load() -> tuple[ModuleType | None, str]:

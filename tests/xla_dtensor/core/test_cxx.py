@@ -252,10 +252,10 @@ def test_a_failed_build_warns_once_and_keeps_torchs_way(tmp_path):
             import torch, xla_dtensor
         from xla_dtensor.core import cxx
         x = torch.ones(3, device=xla_dtensor.device()) * 2.5
-        print(cxx.MODULE is None, list(cxx.cache_dir().glob("_cxx-*")), x.tolist())
+        print(cxx.MODULE is None, list(cxx.build_dir().glob("_cxx-*")), x.tolist())
         print([str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)])
     ''')
-    env = {**os.environ, "CXX": "false", "XLA_DTENSOR_CACHE_DIR": str(tmp_path)}
+    env = {**os.environ, "CXX": "false", "XLA_DTENSOR_BUILD_DIR": str(tmp_path)}
     env.pop("XLA_DTENSOR_CXX", None)
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -274,3 +274,17 @@ def test_cxx_0_chooses_torchs_way_without_a_warning():
                           cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "None XLA_DTENSOR_CXX=0 [2.0, 2.0]"
+
+
+def test_a_new_build_removes_old_builds_of_this_torch_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("XLA_DTENSOR_BUILD_DIR", str(tmp_path))
+    out = cxx.target()
+    stem, suffix = cxx._stem(), cxx._SUFFIX
+    old, recent = tmp_path / f"{stem}-0123456789ab{suffix}", tmp_path / f"{stem}-ba9876543210{suffix}"
+    other_torch = tmp_path / f"_cxx-torch0.0.1-{sys.implementation.cache_tag}-x-abi1-0123456789ab{suffix}"
+    for path in (out, old, recent, other_torch):
+        path.write_bytes(b"")
+    os.utime(old, (0, 0))
+    os.utime(other_torch, (0, 0))
+    cxx._prune(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (out, recent, other_torch))
