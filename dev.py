@@ -53,7 +53,7 @@ def setup() -> None:
     # torch first and pinned: an unpinned torch would pull several GB of CUDA wheels.
     _run(pip + ["-c", "constraints-dev.txt", "torch"])
     _run(pip + ["-c", "constraints-dev.txt", "-e", ".[dev,bench,models]"])
-    # the C++ tensor maker links against the torch just installed: built now, not by the first import
+    # the core's C++ part links against the torch just installed: built now, not by the first import
     _run([str(PY), "-c", "from xla_dtensor.core import cxx; print(cxx.MODULE or cxx.REASON)"])
     STAMP.write_text(_fingerprint())
 

@@ -157,3 +157,10 @@ def install(cls: type, entry: object) -> tuple[str, ...]:
     TAKEN = tuple(MODULE.install(cls, entry, list(HOT_OPS)))
     return TAKEN
 
+
+def own_class(cls: type) -> None:
+    """Let the kernel take calls on ``cls`` tensors too (a subclass whose ``__torch_dispatch__`` is the same
+    entry and whose ops make tensors of its own class: ``XLAShardedTensor``); without the module, nothing."""
+    if MODULE is not None:
+        MODULE.own_class(cls)
+

@@ -475,5 +475,4 @@ if _native.ON:
     _native.MODULE.configure_own_class(XLAShardedTensor, (_EMPTY_LIKE, _COPY), _keep_layout, _rewrap)
     XLAShardedTensor.__torch_dispatch__ = classmethod(_LAZY_DISPATCH)  # type: ignore[assignment]
     from xla_dtensor.core import cxx as _cxx
-    if _cxx.MODULE is not None:  # the hot ops' kernel takes this class's calls to the entry too
-        _cxx.MODULE.own_class(XLAShardedTensor)
+    _cxx.own_class(XLAShardedTensor)  # the hot ops' kernel takes this class's calls to the entry too
