@@ -611,7 +611,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3, help="torch and lazy cases run in turn this many times")
     p.add_argument("--label", default="current")
-    p.add_argument("--layout", choices=["one", "torch", "tp", "auto", "phased"], default="one", help="the lockstep case's model")
+    p.add_argument("--layout", choices=["one", "torch", "tp", "auto", "phased"], default="one",
+                   help="the lockstep case's model (phased: one device, launched in phases at backward())")
     p.add_argument("--lockstep-only", action="store_true", help="only the layouts in turn (printed, not saved)")
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args()

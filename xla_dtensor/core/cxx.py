@@ -11,7 +11,7 @@ with. :func:`load` builds it once per torch version, Python and source (about 15
 ``~/.cache/xla_dtensor/build`` (a build, not data: the test suite's temporary
 ``XLA_DTENSOR_CACHE_DIR`` leaves it where setup put it), and imports it. Without a compiler the core makes its tensors
 with ``torch.Tensor._make_wrapper_subclass`` and its ops take torch's fallback instead
-(~2 us more per recorded op), and says so once; ``XLA_DTENSOR_CXX=0`` chooses that without a
+(2-3 us more per recorded op), and says so once; ``XLA_DTENSOR_CXX=0`` chooses that without a
 warning.
 
 Example:
@@ -139,8 +139,8 @@ def _load() -> tuple[ModuleType | None, str]:
     except (OSError, RuntimeError, ImportError) as error:
         reason = f"the core's C++ part is not available ({str(error).splitlines()[0]})"
         warnings.warn(f"{reason}: lazy tensors are made by torch.Tensor._make_wrapper_subclass and their ops take "
-                      "torch's Python fallback, ~2 us more per recorded op. It needs g++ and Python's headers; XLA_DTENSOR_CXX=0 chooses this "
-                      "without the warning.", RuntimeWarning, stacklevel=2)
+                      "torch's Python fallback, 2-3 us more per recorded op. It needs g++ and Python's headers; "
+                      "XLA_DTENSOR_CXX=0 chooses this without the warning.", RuntimeWarning, stacklevel=2)
         return None, reason
 
 
