@@ -9,6 +9,10 @@
 //    gets there too, through its generic handling of subclasses and modes (~1.2 us an op more).
 //    Anything else (a dispatch mode, another tensor subclass, a replaced __torch_dispatch__) goes the
 //    fallback's way, reproduced below.
+// 3. install_linear(): F.linear's kernel at AutogradPrivateUse1 (core/linear.py's route in C++): the
+//    one recorded op and a C++ autograd node whose backward records the one gradient op. The Python
+//    route cost ~17 us a layer's linear, forward and backward, in torch.autograd.Function's machinery;
+//    every call this kernel does not take it hands to that route.
 #include <Python.h>
 
 #include <ATen/EmptyTensor.h>
@@ -20,6 +24,11 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/PyInterpreterHooks.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/edge.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
@@ -34,6 +43,7 @@
 
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -376,6 +386,215 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet keys, torch::jit:
   Py_DECREF(res);
 }
 
+
+// ----------------------------------------------------------------------------- the fused linear
+
+// core.linear's route (every call not taken here), the two ops as Python objects, metrics._COUNTS and its
+// two keys, xla_dtensor.config and the option's name, torch._C._are_functorch_transforms_active
+PyObject *lin_route, *lin_op, *lin_back_op, *lin_counts, *s_fused, *s_fused_back, *lin_config, *s_option,
+    *functorch_active;
+std::unique_ptr<torch::Library> linear_library;
+int64_t linear_taken, linear_routed;
+bool linear_enabled = true;
+
+void bump(PyObject *key) {  // metrics.incr(key): a failure here is not the op's
+  PyObject *v = PyDict_GetItemWithError(lin_counts, key);
+  PyObject *n = PyLong_FromLongLong((v == nullptr ? 0 : PyLong_AsLongLong(v)) + 1);
+  if (n == nullptr || PyDict_SetItem(lin_counts, key, n) < 0)
+    PyErr_Clear();
+  Py_XDECREF(n);
+}
+
+// The lazy class whose entry takes a call on these tensors as core.tensor.call_op would (own_cls wins), or
+// nullptr: a tensor of another class, a dispatch mode or functorch transform on, a replaced entry.
+PyObject *entry_class(std::initializer_list<const at::Tensor *> tensors) {
+  if (lazy_cls == nullptr || c10::impl::TorchDispatchModeTLS::stack_len() > 0)
+    return nullptr;
+  PyObject *cls = lazy_cls;
+  for (const at::Tensor *t : tensors) {
+    if (t == nullptr || !t->defined())
+      continue;
+    c10::TensorImpl *impl = t->unsafeGetTensorImpl();
+    PyObject *o = impl->key_set().has(c10::DispatchKey::Python) ? impl->pyobj_slot()->load_pyobj() : nullptr;
+    PyObject *tp = o == nullptr ? nullptr : reinterpret_cast<PyObject *>(Py_TYPE(o));
+    if (tp != nullptr && tp == own_cls)
+      cls = own_cls;
+    else if (tp == nullptr || tp != lazy_cls)
+      return nullptr;
+  }
+  PyObject *on = PyObject_CallNoArgs(functorch_active);
+  if (on == nullptr)
+    throw python_error();
+  Py_DECREF(on);
+  if (on == Py_True)
+    return nullptr;
+  return _PyType_Lookup(reinterpret_cast<PyTypeObject *>(cls), s_td) == (cls == own_cls ? own_td : lazy_td) ? cls
+                                                                                                            : nullptr;
+}
+
+bool option_on() {
+  PyObject *v = PyObject_GetAttr(lin_config, s_option);
+  if (v == nullptr)
+    throw python_error();
+  Py_DECREF(v);
+  return v == Py_True;
+}
+
+PyObject *wrap(const at::Tensor &t) { return t.defined() ? THPVariable_Wrap(t) : Py_NewRef(Py_None); }
+
+// entry(cls, op, (cls,), args, {}): the op recorded (a new reference)
+PyObject *call_entry(PyObject *cls, PyObject *op, PyObject *args) {
+  PyObject *kwargs = PyDict_New();
+  if (kwargs == nullptr)
+    throw python_error();
+  PyObject *call[5] = {cls, op, cls == own_cls ? own_types : lazy_types, args, kwargs};
+  PyObject *res = PyObject_Vectorcall(entry, call, 5, nullptr);
+  Py_DECREF(kwargs);
+  if (res == nullptr)
+    raise_python_error();
+  return res;
+}
+
+at::Tensor unpack_tensor(PyObject *o, const char *what) {
+  if (!THPVariable_Check(o)) {
+    Py_DECREF(o);
+    TORCH_CHECK_TYPE(false, what, " returned ", Py_TYPE(o)->tp_name, " where a Tensor was expected");
+  }
+  at::Tensor t = THPVariable_Unpack(o);
+  Py_DECREF(o);
+  return t;
+}
+
+// The gradient of the fused linear: xla_dtensor::linear_backward where core.linear's Python backward would
+// record it (every input needs its gradient, no graph of the gradient is wanted, a lazy gradient of the
+// input's dtype), else torch's formula in torch ops.
+struct LinearBackward final : torch::autograd::Node {
+  explicit LinearBackward(bool bias) : has_bias(bias) {}
+  torch::autograd::SavedVariable x, w;
+  bool has_bias;
+
+  std::string name() const override { return "LinearBackward"; }
+  void release_variables() override {
+    x.reset_data();
+    w.reset_data();
+  }
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
+    at::Tensor input = x.unpack(), weight = w.unpack();
+    const at::Tensor &g = grads[0];
+    torch::autograd::variable_list out(3);
+    if (!g.defined())
+      return out;
+    const bool need_x = next_edge(0).is_valid(), need_w = next_edge(1).is_valid(),
+               need_b = has_bias && next_edge(2).is_valid();
+    if (need_x && need_w && need_b == has_bias && !at::GradMode::is_enabled() && g.scalar_type() == input.scalar_type()) {
+      pybind11::gil_scoped_acquire gil;
+      PyObject *cls = option_on() ? entry_class({&g, &input, &weight}) : nullptr;
+      if (cls != nullptr) {
+        bump(s_fused_back);
+        PyObject *args = Py_BuildValue("(NNNO)", wrap(g), wrap(input), wrap(weight), has_bias ? Py_True : Py_False);
+        if (args == nullptr)
+          throw python_error();
+        PyObject *res = call_entry(cls, lin_back_op, args);
+        Py_DECREF(args);
+        const Py_ssize_t n = (PyList_Check(res) || PyTuple_Check(res)) ? PySequence_Fast_GET_SIZE(res) : -1;
+        if (n != (has_bias ? 3 : 2)) {
+          Py_DECREF(res);
+          TORCH_CHECK(false, "xla_dtensor::linear_backward returned ", n, " gradients, not ", has_bias ? 3 : 2);
+        }
+        for (Py_ssize_t i = 0; i < n; i++)
+          out[i] = unpack_tensor(Py_NewRef(PySequence_Fast_ITEMS(res)[i]), "xla_dtensor::linear_backward");
+        Py_DECREF(res);
+        return out;
+      }
+    }
+    const at::Tensor flat = g.reshape({-1, g.size(-1)});
+    if (need_x)
+      out[0] = g.matmul(weight);
+    if (need_w)
+      out[1] = flat.t().matmul(input.reshape({-1, input.size(-1)}));
+    if (need_b)
+      out[2] = flat.sum(0);
+    return out;
+  }
+};
+
+// a new node of class N as the autograd graph holds them (a shared_ptr in older torch, an intrusive_ptr now)
+using NodePtr = decltype(torch::autograd::Edge::function);
+template <typename N, typename P>
+struct NodeMaker;
+template <typename N>
+struct NodeMaker<N, std::shared_ptr<torch::autograd::Node>> {
+  static NodePtr make(bool bias) { return std::shared_ptr<N>(new N(bias)); }
+};
+template <typename N>
+struct NodeMaker<N, c10::intrusive_ptr<torch::autograd::Node>> {
+  static NodePtr make(bool bias) { return c10::make_intrusive<N>(bias); }
+};
+
+// Whether core.linear.fusable would say yes (lazy tensors of the kernel's classes are checked by the caller).
+bool fusable(const at::Tensor &x, const at::Tensor &w, const at::Tensor *b) {
+  if (x.dim() < 2 || w.dim() != 2 || x.size(-1) != w.size(1) || x.scalar_type() != w.scalar_type() ||
+      !at::isFloatingType(x.scalar_type()))
+    return false;
+  return b == nullptr || (b->dim() == 1 && b->size(0) == w.size(0) && b->scalar_type() == x.scalar_type());
+}
+
+// (x, w, b) as a Python tuple, b None when absent
+PyObject *linear_args(const at::Tensor &x, const at::Tensor &w, const at::Tensor *b) {
+  PyObject *args = Py_BuildValue("(NNN)", THPVariable_Wrap(x), THPVariable_Wrap(w),
+                                 b == nullptr ? Py_NewRef(Py_None) : THPVariable_Wrap(*b));
+  if (args == nullptr)
+    throw python_error();
+  return args;
+}
+
+// F.linear at AutogradPrivateUse1: the one op and a LinearBackward node where core.linear would record them
+// (its fusable(), a lazy class's entry, no dispatch mode, functorch transform or forward-mode gradient),
+// else core.linear's route.
+at::Tensor linear_kernel(const at::Tensor &x, const at::Tensor &w, const std::optional<at::Tensor> &bias) {
+  const at::Tensor *b = bias.has_value() && bias->defined() ? &*bias : nullptr;
+  pybind11::gil_scoped_acquire gil;
+  PyObject *cls = nullptr;
+  if (linear_enabled && fusable(x, w, b) && !torch::autograd::isFwGradDefined(x) &&
+      !torch::autograd::isFwGradDefined(w) && !torch::autograd::isFwGradDefined(bias) && option_on())
+    cls = entry_class({&x, &w, b});
+  PyObject *args = linear_args(x, w, b);
+  if (cls == nullptr) {
+    linear_routed++;
+    PyObject *res = PyObject_Call(lin_route, args, nullptr);
+    Py_DECREF(args);
+    if (res == nullptr)
+      raise_python_error();
+    return unpack_tensor(res, "core.linear's route");
+  }
+  linear_taken++;
+  bump(s_fused);
+  const bool grad = at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (b && b->requires_grad()));
+  PyObject *res;
+  {  // as torch.autograd.Function runs a forward (with a gradient), as the route's no-grad branch does (without)
+    at::AutoGradMode no_grad(false);
+    at::AutoDispatchBelowAutograd below;
+    try {
+      res = call_entry(cls, lin_op, args);
+    } catch (...) {
+      Py_DECREF(args);
+      throw;
+    }
+  }
+  Py_DECREF(args);
+  at::Tensor out = unpack_tensor(res, "xla_dtensor::linear");
+  if (grad) {
+    NodePtr node = NodeMaker<LinearBackward, NodePtr>::make(b != nullptr);
+    auto *lb = static_cast<LinearBackward *>(node.get());
+    node->set_next_edges(torch::autograd::collect_next_edges(x, w, b ? *b : at::Tensor()));
+    lb->x = torch::autograd::SavedVariable(x, false);
+    lb->w = torch::autograd::SavedVariable(w, false);
+    torch::autograd::set_history(out, node);
+  }
+  return out;
+}
+
 // cls's own __torch_dispatch__ (borrowed: the kernel compares the class's with it at each call), or NULL
 // with a TypeError naming the caller `who`
 PyObject *own_dispatch(PyObject *cls, const char *who) {
@@ -464,6 +683,52 @@ PyObject *enable(PyObject *, PyObject *on) {
   return was;
 }
 
+// install_linear(route, linear, linear_backward, counts, config, functorch_active): linear_kernel at
+// AutogradPrivateUse1 for aten::linear (see the kernel for the arguments)
+PyObject *install_linear(PyObject *, PyObject *args) {
+  PyObject *r, *op, *back, *counts, *config, *ft;
+  if (!PyArg_ParseTuple(args, "OOOO!OO", &r, &op, &back, &PyDict_Type, &counts, &config, &ft))
+    return nullptr;
+  if (linear_library != nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "install_linear: the kernel is installed already");
+    return nullptr;
+  }
+  try {
+    s_td = s_td != nullptr ? s_td : PyUnicode_InternFromString("__torch_dispatch__");
+    s_fused = PyUnicode_InternFromString("fused_linear");
+    s_fused_back = PyUnicode_InternFromString("fused_linear_backward");
+    s_option = s_fused;  // config.fused_linear
+    lin_route = Py_NewRef(r);
+    lin_op = Py_NewRef(op);
+    lin_back_op = Py_NewRef(back);
+    lin_counts = Py_NewRef(counts);
+    lin_config = Py_NewRef(config);
+    functorch_active = Py_NewRef(ft);
+    linear_library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                                      c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
+    linear_library->impl("linear", TORCH_FN(linear_kernel));
+  } catch (const std::exception &e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+// linear_calls(): (calls linear_kernel took, calls it handed to the route)
+PyObject *linear_calls(PyObject *, PyObject *) {
+  return Py_BuildValue("(LL)", static_cast<long long>(linear_taken), static_cast<long long>(linear_routed));
+}
+
+// enable_linear(on): whether linear_kernel takes calls (off: all go to the route); the old setting
+PyObject *enable_linear(PyObject *, PyObject *on) {
+  int v = PyObject_IsTrue(on);
+  if (v < 0)
+    return nullptr;
+  PyObject *was = PyBool_FromLong(linear_enabled);
+  linear_enabled = v;
+  return was;
+}
+
 // calls(): (calls the kernel took to the entry, calls it handed to torch's fallback)
 PyObject *calls(PyObject *, PyObject *) {
   return Py_BuildValue("(LL)", static_cast<long long>(fast_calls), static_cast<long long>(other_calls));
@@ -477,6 +742,11 @@ PyMethodDef methods[] = {
      "install(lazy_cls, entry, names): the Python key's kernel for these ops (those it supports: returned)."},
     {"own_class", own_class, METH_O, "own_class(cls): a LazyTensor subclass the kernel also takes."},
     {"enable", enable, METH_O, "enable(on): whether the kernel takes calls to the entry; returns the old setting."},
+    {"install_linear", install_linear, METH_VARARGS,
+     "install_linear(route, linear, linear_backward, counts, config, functorch_active): F.linear's autograd "
+     "kernel in C++."},
+    {"linear_calls", linear_calls, METH_NOARGS, "linear_calls(): (calls the linear kernel took, calls it routed)."},
+    {"enable_linear", enable_linear, METH_O, "enable_linear(on): whether the linear kernel takes calls; the old one."},
     {"calls", calls, METH_NOARGS, "calls(): (calls taken to the entry, calls handed to torch's fallback)."},
     {nullptr, nullptr, 0, nullptr}};
 

@@ -92,4 +92,18 @@ def _route(x: Any, w: Any, b: Any = None) -> Any:
 
 _APPLY = super(torch.autograd.Function, _Linear).apply  # what Function.apply calls without functorch
 _functorch_active = torch._C._are_functorch_transforms_active
-_LIB.impl("linear", _route, "AutogradPrivateUse1")
+
+
+def _install() -> str:
+    """Put F.linear's kernel at ``AutogradPrivateUse1``: the core's C++ one (``_cxx.install_linear``: the same
+    decisions, with a C++ autograd node, handing every other call to :func:`_route`), else :func:`_route`;
+    which one."""
+    from xla_dtensor.core import cxx
+    if cxx.MODULE is None:
+        _LIB.impl("linear", _route, "AutogradPrivateUse1")
+        return "python"
+    cxx.MODULE.install_linear(_route, LINEAR, LINEAR_BACKWARD, metrics._COUNTS, config, _functorch_active)
+    return "cxx"
+
+
+KERNEL = _install()
