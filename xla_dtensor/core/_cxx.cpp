@@ -13,6 +13,8 @@
 //    one recorded op and a C++ autograd node whose backward records the one gradient op. The Python
 //    route cost ~17 us a layer's linear, forward and backward, in torch.autograd.Function's machinery;
 //    every call this kernel does not take it hands to that route.
+// 4. attention(): core/sdpa.py's fused call (after its Python checks) with a C++ autograd node in place
+//    of torch.autograd.Function's.
 #include <Python.h>
 
 #include <ATen/EmptyTensor.h>
@@ -395,7 +397,7 @@ PyObject *lin_route, *lin_op, *lin_back_op, *lin_counts, *s_fused, *s_fused_back
     *functorch_active;
 std::unique_ptr<torch::Library> linear_library;
 int64_t linear_taken, linear_routed;
-bool linear_enabled = true;
+bool nodes_enabled = true;  // off: the linear kernel and attention() hand every call on (tests compare)
 
 void bump(PyObject *key) {  // metrics.incr(key): a failure here is not the op's
   PyObject *v = PyDict_GetItemWithError(lin_counts, key);
@@ -549,6 +551,166 @@ PyObject *linear_args(const at::Tensor &x, const at::Tensor &w, const at::Tensor
   return args;
 }
 
+// the node pointer of `node` itself (what a saved output is unpacked for)
+template <typename N, typename P>
+struct SelfPtr;
+template <typename N>
+struct SelfPtr<N, std::shared_ptr<torch::autograd::Node>> {
+  static NodePtr of(N *node) { return node->shared_from_this(); }
+};
+template <typename N>
+struct SelfPtr<N, c10::intrusive_ptr<torch::autograd::Node>> {
+  static NodePtr of(N *node) { return c10::intrusive_ptr<torch::autograd::Node>::reclaim_copy(node); }
+};
+
+PyObject *att_apply, *att_op, *att_back_op;  // sdpa._FusedAttention.apply, the two ops
+int64_t attention_taken, attention_routed;
+
+// The gradient of the fused attention: xla_dtensor::attention_backward of the saved q, k, v, mask, bias and
+// output, through the lazy class's entry as core.tensor.call_op would, else through torch's dispatcher.
+struct AttentionBackward final : torch::autograd::Node {
+  AttentionBackward(bool causal, double s) : is_causal(causal), scale(s) {}
+  torch::autograd::SavedVariable q, k, v, mask, bias, out;
+  bool is_causal;
+  double scale;
+
+  std::string name() const override { return "AttentionBackward"; }
+  void release_variables() override {
+    for (auto *sv : {&q, &k, &v, &mask, &bias, &out})
+      sv->reset_data();
+  }
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
+    at::Tensor tq = q.unpack(), tk = k.unpack(), tv = v.unpack(), tm = mask.unpack(), tb = bias.unpack(),
+               to = out.unpack(SelfPtr<AttentionBackward, NodePtr>::of(this));
+    torch::autograd::variable_list res(3);
+    if (!grads[0].defined())
+      return res;
+    pybind11::gil_scoped_acquire gil;
+    PyObject *cls = entry_class({&grads[0], &tq, &tk, &tv, &tm, &tb, &to});
+    PyObject *args = Py_BuildValue("(NNNNNNNOd)", wrap(grads[0]), wrap(tq), wrap(tk), wrap(tv), wrap(tm), wrap(tb),
+                                   wrap(to), is_causal ? Py_True : Py_False, scale);
+    if (args == nullptr)
+      throw python_error();
+    PyObject *got = cls != nullptr ? nullptr : PyObject_Call(att_back_op, args, nullptr);
+    if (cls != nullptr) {
+      try {
+        got = call_entry(cls, att_back_op, args);
+      } catch (...) {
+        Py_DECREF(args);
+        throw;
+      }
+    }
+    Py_DECREF(args);
+    if (got == nullptr)
+      raise_python_error();
+    const Py_ssize_t n = (PyList_Check(got) || PyTuple_Check(got)) ? PySequence_Fast_GET_SIZE(got) : -1;
+    if (n != 3) {
+      Py_DECREF(got);
+      TORCH_CHECK(false, "xla_dtensor::attention_backward returned ", n, " gradients, not 3");
+    }
+    for (Py_ssize_t i = 0; i < 3; i++)
+      res[i] = unpack_tensor(Py_NewRef(PySequence_Fast_ITEMS(got)[i]), "xla_dtensor::attention_backward");
+    Py_DECREF(got);
+    return res;
+  }
+};
+
+template <typename N, typename P>
+struct AttentionMaker;
+template <typename N>
+struct AttentionMaker<N, std::shared_ptr<torch::autograd::Node>> {
+  static NodePtr make(bool causal, double scale) { return std::shared_ptr<N>(new N(causal, scale)); }
+};
+template <typename N>
+struct AttentionMaker<N, c10::intrusive_ptr<torch::autograd::Node>> {
+  static NodePtr make(bool causal, double scale) { return c10::make_intrusive<N>(causal, scale); }
+};
+
+// attention(q, k, v, mask, bias, is_causal, scale): sdpa.fused's call, taken here where call_op would enter a
+// lazy class's entry, else handed to _FusedAttention.apply
+PyObject *attention(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 7 || att_apply == nullptr) {
+    PyErr_SetString(PyExc_TypeError, nargs != 7 ? "attention(q, k, v, mask, bias, is_causal, scale)"
+                                                : "attention: install_attention() first");
+    return nullptr;
+  }
+  try {
+    at::Tensor t[5];
+    for (int i = 0; i < 5; i++) {
+      if (args[i] == Py_None)
+        continue;
+      if (!THPVariable_Check(args[i])) {
+        PyErr_Format(PyExc_TypeError, "attention: argument %d must be a Tensor or None, got %.100s", i,
+                     Py_TYPE(args[i])->tp_name);
+        return nullptr;
+      }
+      t[i] = THPVariable_Unpack(args[i]);
+    }
+    const int causal = PyObject_IsTrue(args[5]);
+    const double scale = PyFloat_AsDouble(args[6]);
+    if (causal < 0 || (scale == -1.0 && PyErr_Occurred()))
+      return nullptr;
+    PyObject *cls = nullptr;
+    if (nodes_enabled && t[0].defined() && t[1].defined() && t[2].defined() &&
+        !torch::autograd::isFwGradDefined(t[0]) && !torch::autograd::isFwGradDefined(t[1]) &&
+        !torch::autograd::isFwGradDefined(t[2]) && !(t[3].defined() && t[3].requires_grad()) &&
+        !(t[4].defined() && t[4].requires_grad()))
+      cls = entry_class({&t[0], &t[1], &t[2], &t[3], &t[4]});
+    if (cls == nullptr) {
+      attention_routed++;
+      return PyObject_Vectorcall(att_apply, args, 7, nullptr);
+    }
+    attention_taken++;
+    PyObject *tuple = PyTuple_New(7);
+    if (tuple == nullptr)
+      return nullptr;
+    for (int i = 0; i < 7; i++)
+      PyTuple_SET_ITEM(tuple, i, Py_NewRef(args[i]));
+    PyObject *res;
+    {
+      at::AutoGradMode no_grad(false);
+      try {
+        res = call_entry(cls, att_op, tuple);
+      } catch (...) {
+        Py_DECREF(tuple);
+        throw;
+      }
+    }
+    Py_DECREF(tuple);
+    const bool grad = at::GradMode::is_enabled() &&
+                      (t[0].requires_grad() || t[1].requires_grad() || t[2].requires_grad());
+    if (!grad)
+      return res;
+    if (!THPVariable_Check(res)) {
+      PyErr_Format(PyExc_TypeError, "xla_dtensor::attention returned %.100s, not a Tensor", Py_TYPE(res)->tp_name);
+      Py_DECREF(res);
+      return nullptr;
+    }
+    at::Tensor out = THPVariable_Unpack(res);
+    NodePtr node = AttentionMaker<AttentionBackward, NodePtr>::make(causal != 0, scale);
+    auto *ab = static_cast<AttentionBackward *>(node.get());
+    node->set_next_edges(torch::autograd::collect_next_edges(t[0], t[1], t[2]));
+    ab->q = torch::autograd::SavedVariable(t[0], false);
+    ab->k = torch::autograd::SavedVariable(t[1], false);
+    ab->v = torch::autograd::SavedVariable(t[2], false);
+    ab->mask = torch::autograd::SavedVariable(t[3], false);
+    ab->bias = torch::autograd::SavedVariable(t[4], false);
+    torch::autograd::set_history(out, node);
+    ab->out = torch::autograd::SavedVariable(out, true);
+    return res;
+  } catch (python_error &e) {
+    e.restore();
+    return nullptr;
+  } catch (const c10::Error &e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    return nullptr;
+  } catch (const std::exception &e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
 // F.linear at AutogradPrivateUse1: the one op and a LinearBackward node where core.linear would record them
 // (its fusable(), a lazy class's entry, no dispatch mode, functorch transform or forward-mode gradient),
 // else core.linear's route.
@@ -556,7 +718,7 @@ at::Tensor linear_kernel(const at::Tensor &x, const at::Tensor &w, const std::op
   const at::Tensor *b = bias.has_value() && bias->defined() ? &*bias : nullptr;
   pybind11::gil_scoped_acquire gil;
   PyObject *cls = nullptr;
-  if (linear_enabled && fusable(x, w, b) && !torch::autograd::isFwGradDefined(x) &&
+  if (nodes_enabled && fusable(x, w, b) && !torch::autograd::isFwGradDefined(x) &&
       !torch::autograd::isFwGradDefined(w) && !torch::autograd::isFwGradDefined(bias) && option_on())
     cls = entry_class({&x, &w, b});
   PyObject *args = linear_args(x, w, b);
@@ -714,18 +876,39 @@ PyObject *install_linear(PyObject *, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+// install_attention(apply, attention, attention_backward): what attention() hands calls to, and its two ops
+PyObject *install_attention(PyObject *, PyObject *args) {
+  PyObject *apply, *op, *back;
+  if (!PyArg_ParseTuple(args, "OOO", &apply, &op, &back))
+    return nullptr;
+  if (lin_counts == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "install_attention: install_linear() first (it sets what both read)");
+    return nullptr;
+  }
+  Py_XSETREF(att_apply, Py_NewRef(apply));
+  Py_XSETREF(att_op, Py_NewRef(op));
+  Py_XSETREF(att_back_op, Py_NewRef(back));
+  Py_RETURN_NONE;
+}
+
+// attention_calls(): (calls attention() took, calls it handed to _FusedAttention.apply)
+PyObject *attention_calls(PyObject *, PyObject *) {
+  return Py_BuildValue("(LL)", static_cast<long long>(attention_taken), static_cast<long long>(attention_routed));
+}
+
 // linear_calls(): (calls linear_kernel took, calls it handed to the route)
 PyObject *linear_calls(PyObject *, PyObject *) {
   return Py_BuildValue("(LL)", static_cast<long long>(linear_taken), static_cast<long long>(linear_routed));
 }
 
-// enable_linear(on): whether linear_kernel takes calls (off: all go to the route); the old setting
-PyObject *enable_linear(PyObject *, PyObject *on) {
+// enable_nodes(on): whether linear_kernel and attention() take calls (off: all go to the Python route and
+// _FusedAttention.apply); the old setting
+PyObject *enable_nodes(PyObject *, PyObject *on) {
   int v = PyObject_IsTrue(on);
   if (v < 0)
     return nullptr;
-  PyObject *was = PyBool_FromLong(linear_enabled);
-  linear_enabled = v;
+  PyObject *was = PyBool_FromLong(nodes_enabled);
+  nodes_enabled = v;
   return was;
 }
 
@@ -746,7 +929,13 @@ PyMethodDef methods[] = {
      "install_linear(route, linear, linear_backward, counts, config, functorch_active): F.linear's autograd "
      "kernel in C++."},
     {"linear_calls", linear_calls, METH_NOARGS, "linear_calls(): (calls the linear kernel took, calls it routed)."},
-    {"enable_linear", enable_linear, METH_O, "enable_linear(on): whether the linear kernel takes calls; the old one."},
+    {"enable_nodes", enable_nodes, METH_O,
+     "enable_nodes(on): whether the linear kernel and attention() take calls; returns the old setting."},
+    {"install_attention", install_attention, METH_VARARGS,
+     "install_attention(apply, attention, attention_backward): what attention() hands other calls to; its ops."},
+    {"attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(attention)), METH_FASTCALL,
+     "attention(q, k, v, mask, bias, is_causal, scale): the fused attention with a C++ autograd node."},
+    {"attention_calls", attention_calls, METH_NOARGS, "attention_calls(): (calls attention() took, calls routed)."},
     {"calls", calls, METH_NOARGS, "calls(): (calls taken to the entry, calls handed to torch's fallback)."},
     {nullptr, nullptr, 0, nullptr}};
 

@@ -30,6 +30,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 
 from xla_dtensor.config import config
@@ -257,7 +258,7 @@ def verify(checks: list[Check], arrays: list[Any]) -> None:
     """Raise torch's error for the first failed check (``arrays``: the value of :func:`take`'s node)."""
     if not checks:
         return
-    for c, (bad, index) in zip(checks, jax.device_get(arrays[0])):
+    for c, (bad, index) in zip(checks, np.asarray(arrays[0])):  # NOTE: ~20 us less than jax.device_get
         if bad:
             text = c.message.format(index=int(index), dim=c.dim, size=c.size)
             raise c.error(f"{text} ({c.op} at {c.where}; found by xla_dtensor.config.check_indices)")

@@ -113,7 +113,7 @@ def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, bias: An
     if why:
         metrics.incr("fused_attention_fallbacks")
         warn_once(why)
-    return _FusedAttention.apply(q, k, v, mask, bias, is_causal, scale)
+    return _APPLY(q, k, v, mask, bias, is_causal, scale)
 
 
 def _sdpa(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
@@ -131,4 +131,15 @@ def _sdpa(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
         q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
+def _apply() -> Any:
+    """What :func:`fused` calls: the core's C++ ``attention`` (the same op and gradient op with a C++ autograd
+    node; it hands the calls it does not take to ``_FusedAttention.apply``), else ``_FusedAttention.apply``."""
+    from xla_dtensor.core import cxx, linear
+    if cxx.MODULE is None or linear.KERNEL != "cxx":
+        return _FusedAttention.apply
+    cxx.MODULE.install_attention(_FusedAttention.apply, ATTENTION, ATTENTION_BACKWARD)
+    return cxx.MODULE.attention
+
+
+_APPLY = _apply()
 _LIB.impl("scaled_dot_product_attention", _sdpa, "AutogradPrivateUse1")

@@ -223,6 +223,7 @@ _SCRIPT = textwrap.dedent('''
     cxx = sys.modules.get("xla_dtensor.core.cxx")  # (imported by the C path only)
     kernel = lambda: cxx.MODULE.calls()[0] if cxx is not None and cxx.MODULE is not None else 0  # noqa: E731
     linear = lambda: cxx.MODULE.linear_calls()[0] if cxx is not None and cxx.MODULE is not None else 0  # noqa: E731
+    attention = lambda: cxx.MODULE.attention_calls()[0] if cxx is not None and cxx.MODULE is not None else 0  # noqa: E731
     out = {{"native": native.ON, "cxx": cxx is not None and cxx.MODULE is not None}}
 
     def mlp():
@@ -238,7 +239,7 @@ _SCRIPT = textwrap.dedent('''
 
     ids = [(torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(s)),) for s in range(3)]
     for mode in {modes!r}:
-        c0, k0, l0 = metrics.counters(), kernel(), linear()
+        c0, k0, l0, a0 = metrics.counters(), kernel(), linear(), attention()
         if mode == "hf-gpt2":
             model = gpt2().to(dev)
             losses = train(lambda i: model(input_ids=i, labels=i).loss, ids,
@@ -256,9 +257,9 @@ _SCRIPT = textwrap.dedent('''
             losses = train(lambda x, y: F.mse_loss(model(x), y), batches,
                            torch.optim.AdamW(model.parameters(), lr=1e-2), put=put, sync=xla_dtensor.sync)
         c1 = metrics.counters()
-        out[mode] = {{"losses": losses, "kernel": kernel() - k0, "linear": linear() - l0,
+        out[mode] = {{"losses": losses, "kernel": kernel() - k0, "linear": linear() - l0, "attention": attention() - a0,
                      "counts": {{k: c1[k] - c0[k] for k in ("ops_recorded", "hash_cons_hits", "compiles", "plans_reused",
-                                                         "fused_linear", "fused_linear_backward")}}}}
+                                                         "fused_linear", "fused_linear_backward", "fused_attention")}}}}
     print(json.dumps(out))
 ''')
 MODES = ["cpu", "cpu-hf-gpt2", "one", "dp", "megatron", "fsdp", "auto", "hf-gpt2"]
@@ -297,6 +298,9 @@ def test_both_paths_train_like_cpu_and_record_the_same(mode, runs):
         assert c[mode]["kernel"] > 0 and p[mode]["kernel"] == 0
         # and its F.linear calls through the C++ linear kernel, recording what the Python route records
         assert c[mode]["linear"] == c[mode]["counts"]["fused_linear"] > 0 and p[mode]["linear"] == 0
+        # and transformers' GPT-2 its attention through the C++ attention node
+        assert c[mode]["attention"] == c[mode]["counts"]["fused_attention"] and p[mode]["attention"] == 0
+        assert (c[mode]["attention"] > 0) == (mode == "hf-gpt2")
     cpu = c["cpu-hf-gpt2" if mode == "hf-gpt2" else "cpu"]["losses"]
     torch.testing.assert_close(torch.tensor(c[mode]["losses"]), torch.tensor(cpu), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(torch.tensor(c[mode]["losses"]), torch.tensor(p[mode]["losses"]), rtol=1e-6, atol=0)

@@ -1,9 +1,11 @@
-"""F.linear's C++ kernel (``_cxx.install_linear``) against the Python route it replaces (``core.linear``).
+"""The core's C++ autograd nodes: F.linear's kernel (``_cxx.install_linear``) against the Python route it
+replaces (``core.linear``), and the fused attention's ``_cxx.attention`` against ``_FusedAttention.apply``.
 
-Oracles: the same call with the kernel off (``enable_linear(False)``: every call goes to the Python
-route, whose ``torch.autograd.Function`` was the kernel's model), bit for bit, with the same ops
-recorded; torch CPU for values, gradients and autograd's own errors. The sharded and transformers
-runs (DP, 2x4 Megatron, FSDP, AUTO, GPT-2) are ``test_native``'s, which count this kernel's calls.
+Oracles: the same call with them off (``enable_nodes(False)``: every call goes to the Python route and
+``torch.autograd.Function``, their model), bit for bit, with the same ops recorded; torch CPU for values,
+gradients and autograd's own errors. The sharded and transformers runs (DP, 2x4 Megatron, FSDP, AUTO,
+GPT-2) are ``test_native``'s, which count these calls; 2x4 Megatron attention against torch CPU is
+``tests/xla_dtensor/ops/test_fused_attention.py``'s.
 """
 from __future__ import annotations
 
@@ -21,16 +23,16 @@ from xla_dtensor.core import cxx, linear
 
 pytestmark = pytest.mark.skipif(cxx.MODULE is None or linear.KERNEL != "cxx",
                                 reason=f"the core's C++ part is not in use: {cxx.REASON}")
-COUNTED = ("ops_recorded", "hash_cons_hits", "fused_linear", "fused_linear_backward")
+COUNTED = ("ops_recorded", "hash_cons_hits", "fused_linear", "fused_linear_backward", "fused_attention")
 
 
 @contextlib.contextmanager
 def _kernel(on: bool):
-    was = cxx.MODULE.enable_linear(on)
+    was = cxx.MODULE.enable_nodes(on)
     try:
         yield
     finally:
-        cxx.MODULE.enable_linear(was)
+        cxx.MODULE.enable_nodes(was)
 
 
 def _both(run: Callable[[], Any]) -> tuple[dict, dict]:
@@ -38,11 +40,11 @@ def _both(run: Callable[[], Any]) -> tuple[dict, dict]:
     got = []
     for on in (True, False):
         with _kernel(on):
-            c0, k0 = metrics.counters(), cxx.MODULE.linear_calls()
+            c0, k0, a0 = metrics.counters(), cxx.MODULE.linear_calls(), cxx.MODULE.attention_calls()
             out = run()
-            c1, k1 = metrics.counters(), cxx.MODULE.linear_calls()
+            c1, k1, a1 = metrics.counters(), cxx.MODULE.linear_calls(), cxx.MODULE.attention_calls()
         got.append({"out": out, "counts": {k: c1[k] - c0[k] for k in COUNTED},
-                    "calls": (k1[0] - k0[0], k1[1] - k0[1])})
+                    "calls": (k1[0] - k0[0], k1[1] - k0[1]), "attention": (a1[0] - a0[0], a1[1] - a0[1])})
     return got[0], got[1]
 
 
@@ -185,3 +187,63 @@ def test_calls_it_does_not_take_go_to_the_route(dev, case, monkeypatch):
         torch.testing.assert_close(on["out"], off["out"], rtol=0, atol=0)
     else:
         assert on["out"] == off["out"]
+
+
+# ------------------------------------------------------------------------------------ attention
+
+def _attention(dev, case, needs=(True, True, True)):
+    def run():
+        torch.manual_seed(0)
+        hk = 1 if case == "gqa" else 2
+        q, k, v = torch.randn(2, 2, 5, 8), torch.randn(2, hk, 5, 8), torch.randn(2, hk, 5, 8)
+        qkv = [t.to(dev).requires_grad_(n) for t, n in zip((q, k, v), needs)]
+        kw: dict = {"is_causal": True} if case in ("causal", "gqa") else {}
+        if case == "bool mask":
+            kw["attn_mask"] = (torch.rand(5, 5) > 0.3).to(dev)
+        if case == "additive mask":
+            kw["attn_mask"] = torch.randn(2, 1, 5, 5).to(dev)
+        if case == "gqa":
+            kw["enable_gqa"] = True
+        y = F.scaled_dot_product_attention(*qkv, **kw)
+        y.square().sum().backward()
+        return [y.cpu()] + [t.grad.cpu() for t in qkv if t.requires_grad]
+    return run
+
+
+@pytest.mark.parametrize("case,needs", [("causal", (True, True, True)), ("bool mask", (True, True, True)),
+                                        ("additive mask", (True, True, True)), ("gqa", (True, True, True)),
+                                        ("causal", (True, False, False))])
+def test_attention_records_and_differentiates_as_the_function(dev, case, needs):
+    on, off = _both(_attention(dev, case, needs))
+    assert on["attention"] == (1, 0) and off["attention"] == (0, 1)
+    assert on["counts"] == off["counts"] and on["counts"]["fused_attention"] == 1
+    for a, b in zip(on["out"], off["out"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_attention_node_saves_its_output_and_frees_with_the_graph(dev):
+    q = torch.randn(1, 2, 4, 8).to(dev).requires_grad_()
+    y = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert y.grad_fn.name() == "AttentionBackward"
+    assert [type(f).__name__ for f, _ in y.grad_fn.next_functions] == ["AccumulateGrad"] * 3
+    loss = y.sum()
+    loss.backward()
+    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
+        loss.backward()
+    with torch.no_grad():
+        assert F.scaled_dot_product_attention(q, q, q).grad_fn is None
+
+
+def test_attention_under_a_dispatch_mode_goes_to_the_function(dev):
+    def run():
+        torch.manual_seed(0)
+        q = torch.randn(1, 2, 4, 8).to(dev).requires_grad_()
+        with _Seen() as seen:
+            y = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+            y.sum().backward()
+        return y.cpu(), q.grad.cpu(), [op for op in seen.ops if "attention" in op]
+    on, off = _both(run)
+    assert on["attention"] == off["attention"] == (0, 1)
+    assert on["out"][2] == off["out"][2] == ["xla_dtensor.attention.default", "xla_dtensor.attention_backward.default"]
+    for a, b in zip(on["out"][:2], off["out"][:2]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
