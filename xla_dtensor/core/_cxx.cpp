@@ -489,7 +489,8 @@ struct LinearBackward final : torch::autograd::Node {
       return out;
     const bool need_x = next_edge(0).is_valid(), need_w = next_edge(1).is_valid(),
                need_b = has_bias && next_edge(2).is_valid();
-    if (need_x && need_w && need_b == has_bias && !at::GradMode::is_enabled() && g.scalar_type() == input.scalar_type()) {
+    if (need_x && need_w && need_b == has_bias && !at::GradMode::is_enabled() &&
+        g.scalar_type() == input.scalar_type()) {
       pybind11::gil_scoped_acquire gil;
       PyObject *cls = option_on() ? entry_class({&g, &input, &weight}) : nullptr;
       if (cls != nullptr) {

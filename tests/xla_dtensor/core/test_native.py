@@ -221,10 +221,11 @@ _SCRIPT = textwrap.dedent('''
     batches = [(torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(s)),
                 torch.randn(4, 8, 8, generator=torch.Generator().manual_seed(s + 50))) for s in range(3)]
     cxx = sys.modules.get("xla_dtensor.core.cxx")  # (imported by the C path only)
-    kernel = lambda: cxx.MODULE.calls()[0] if cxx is not None and cxx.MODULE is not None else 0  # noqa: E731
-    linear = lambda: cxx.MODULE.linear_calls()[0] if cxx is not None and cxx.MODULE is not None else 0  # noqa: E731
-    attention = lambda: cxx.MODULE.attention_calls()[0] if cxx is not None and cxx.MODULE is not None else 0  # noqa: E731
-    out = {{"native": native.ON, "cxx": cxx is not None and cxx.MODULE is not None}}
+    on = cxx is not None and cxx.MODULE is not None
+    kernel = lambda: cxx.MODULE.calls()[0] if on else 0  # noqa: E731
+    linear = lambda: cxx.MODULE.linear_calls()[0] if on else 0  # noqa: E731
+    attention = lambda: cxx.MODULE.attention_calls()[0] if on else 0  # noqa: E731
+    out = {{"native": native.ON, "cxx": on}}
 
     def mlp():
         torch.manual_seed(0)
@@ -258,8 +259,9 @@ _SCRIPT = textwrap.dedent('''
                            torch.optim.AdamW(model.parameters(), lr=1e-2), put=put, sync=xla_dtensor.sync)
         c1 = metrics.counters()
         out[mode] = {{"losses": losses, "kernel": kernel() - k0, "linear": linear() - l0, "attention": attention() - a0,
-                     "counts": {{k: c1[k] - c0[k] for k in ("ops_recorded", "hash_cons_hits", "compiles", "plans_reused",
-                                                         "fused_linear", "fused_linear_backward", "fused_attention")}}}}
+                     "counts": {{k: c1[k] - c0[k] for k in ("ops_recorded", "hash_cons_hits", "compiles",
+                                                         "plans_reused", "fused_linear", "fused_linear_backward",
+                                                         "fused_attention")}}}}
     print(json.dumps(out))
 ''')
 MODES = ["cpu", "cpu-hf-gpt2", "one", "dp", "megatron", "fsdp", "auto", "hf-gpt2"]
