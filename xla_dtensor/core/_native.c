@@ -1142,6 +1142,68 @@ alias(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* ---------------------------------------------------------------- record */
 
+/* ---------------------------------------------------------------- write */
+
+static PyObject *write_py;  /* tensor.write's Python path: a view's write (a scatter into its storage's value) */
+
+/* configure_write(python_write) */
+static PyObject *
+configure_write(PyObject *self, PyObject *fn)
+{
+    Py_XSETREF(write_py, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
+/* tensor.write(t, value, owner=0) in C: a root tensor's storage rebound to value; a view's write (or a
+   storage not of this module) goes to the Python path */
+static PyObject *
+write_c(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 2 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "write(t, value, owner=0)");
+        return NULL;
+    }
+    if (write_py == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "write called before configure_write()");
+        return NULL;
+    }
+    PyObject *chain = PyObject_GetAttr(args[0], s_chain);
+    if (chain == NULL)
+        return NULL;
+    int chained = PyObject_IsTrue(chain);
+    Py_DECREF(chain);
+    if (chained < 0)
+        return NULL;
+    PyObject *st = chained ? NULL : PyObject_GetAttr(args[0], s_storage);
+    if (!chained && st == NULL)
+        return NULL;
+    if (chained || Py_TYPE(st) != &StorageType || Py_TYPE(((StorageObject *)st)->value) != &NodeType) {
+        Py_XDECREF(st);
+        return PyObject_Vectorcall(write_py, args, nargs, NULL);
+    }
+    StorageObject *s = (StorageObject *)st;
+    PyObject *owner;
+    int given = nargs == 3 ? PyObject_IsTrue(args[2]) : 0;
+    if (given < 0 || (owner = given ? Py_NewRef(args[2]) : current_owner()) == NULL) {
+        Py_DECREF(st);
+        return NULL;
+    }
+    if (((NodeObject *)s->value)->fn == Py_None) {  /* the donor: the leaf's id (a reference would keep its buffer) */
+        PyObject *donor = PyLong_FromVoidPtr(s->value);
+        if (donor == NULL) {
+            Py_DECREF(owner);
+            Py_DECREF(st);
+            return NULL;
+        }
+        Py_SETREF(s->donor, donor);
+    }
+    Py_SETREF(s->owner, owner);
+    Py_SETREF(s->value, Py_NewRef(args[1]));
+    s->version++;
+    Py_DECREF(st);
+    Py_RETURN_NONE;
+}
+
 static PyObject *entries_by_id;  /* dispatch._ENTRIES: id(op) -> _Op */
 static PyObject *record_py;      /* dispatch.record's Python path (a new op) */
 static PyObject *recorded_py;    /* dispatch._recorded: the rest after the signature */
@@ -1835,6 +1897,8 @@ static PyMethodDef methods[] = {
     {"configure_maker", (PyCFunction)configure_maker, METH_O,
      "configure_maker(capsule or None): the C++ tensor maker (xla_dtensor.core.cxx), or _make_wrapper_subclass."},
     {"new_tensor", (PyCFunction)(void (*)(void))new_tensor, METH_FASTCALL, "tensor.new_tensor in C."},
+    {"configure_write", (PyCFunction)configure_write, METH_O, "configure_write(python_write): a view's write."},
+    {"write", (PyCFunction)(void (*)(void))write_c, METH_FASTCALL, "tensor.write in C (a root tensor's)."},
     {"new_view", (PyCFunction)(void (*)(void))new_view, METH_FASTCALL, "tensor.new_view in C."},
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, "dispatch.record in C (its common cases)."},
     {"configure_dispatch", (PyCFunction)configure_dispatch, METH_VARARGS,

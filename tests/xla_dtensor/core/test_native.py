@@ -195,6 +195,30 @@ def test_storage_and_output_tensors_match_python():
 
 
 @needs_native
+@pytest.mark.parametrize("owner", [0, 7])
+def test_write_matches_python_on_a_root_tensor_and_a_view(owner):
+    """The C write rebinds a root tensor's storage as the Python one does (the donor: the old leaf's id); a
+    view's write (a scatter into its storage's value) is the Python one's."""
+    dev = xla_dtensor.device()
+    got = []
+    for write in (T.write, T.PYTHON["write"]):
+        base = torch.arange(6.0).reshape(2, 3).to(dev)  # a root tensor, its value a device-data leaf
+        s, old = T.storage_of(base), T.value_of(base)
+        new = T.value_of(base * 2)
+        with threads.held():
+            write(base, new, owner)
+        row = base[1]
+        with threads.held():
+            write(row, T.value_of(row + 1), owner)  # a view: the storage's value becomes a scatter
+        got.append(((s.value.op, s.value.inputs[0] is new), s.version, s.donor == id(old), s.owner, base.cpu()))
+    (c_op, c_ver, c_donor, c_owner, c_val), (p_op, p_ver, p_donor, p_owner, p_val) = got
+    assert (c_op, c_ver, c_donor, c_owner) == (p_op, p_ver, p_donor, p_owner)
+    assert c_ver == 2 and c_donor and c_owner == (owner or threads.me())
+    torch.testing.assert_close(c_val, torch.tensor([[0.0, 2, 4], [7, 9, 11]]))
+    torch.testing.assert_close(c_val, p_val, rtol=0, atol=0)
+
+
+@needs_native
 def test_an_op_error_propagates_and_leaves_the_core_unlocked():
     dev = xla_dtensor.device()
     a, b = torch.ones(3, device=dev), torch.ones(4, device=dev)
