@@ -95,11 +95,14 @@ _functorch_active = torch._C._are_functorch_transforms_active
 
 
 def _install() -> str:
-    """Put F.linear's kernel at ``AutogradPrivateUse1``: the core's C++ one (``_cxx.install_linear``: the same
-    decisions, with a C++ autograd node, handing every other call to :func:`_route`), else :func:`_route`;
-    which one."""
-    from xla_dtensor.core import cxx
-    if cxx.MODULE is None:
+    """Put F.linear's kernel at ``AutogradPrivateUse1``: with the C recorder, the core's C++ one
+    (``_cxx.install_linear``: the same decisions, with a C++ autograd node, handing every other call to
+    :func:`_route`), else :func:`_route`; which one ("cxx" or "python")."""
+    from xla_dtensor.core import native
+    cxx = None
+    if native.ON:  # (the C++ kernel enters the C recorder; the Python recorder's path keeps the Python route)
+        from xla_dtensor.core import cxx
+    if cxx is None or cxx.MODULE is None:
         _LIB.impl("linear", _route, "AutogradPrivateUse1")
         return "python"
     cxx.MODULE.install_linear(_route, LINEAR, LINEAR_BACKWARD, metrics._COUNTS, config, _functorch_active)

@@ -134,9 +134,10 @@ def _sdpa(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
 def _apply() -> Any:
     """What :func:`fused` calls: the core's C++ ``attention`` (the same op and gradient op with a C++ autograd
     node; it hands the calls it does not take to ``_FusedAttention.apply``), else ``_FusedAttention.apply``."""
-    from xla_dtensor.core import cxx, linear
-    if cxx.MODULE is None or linear.KERNEL != "cxx":
+    from xla_dtensor.core import linear
+    if linear.KERNEL != "cxx":
         return _FusedAttention.apply
+    from xla_dtensor.core import cxx
     cxx.MODULE.install_attention(_FusedAttention.apply, ATTENTION, ATTENTION_BACKWARD)
     return cxx.MODULE.attention
 
