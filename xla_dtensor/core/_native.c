@@ -1142,6 +1142,82 @@ alias(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* ---------------------------------------------------------------- record */
 
+/* ---------------------------------------------------------------- a sync's outputs */
+
+/* data_leaves(keys, arrays, data_op): [Node(data_op, k, (), h, None, a) for (k, h), a in zip(keys, arrays)] */
+static PyObject *
+data_leaves(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) ||
+        PyList_GET_SIZE(args[0]) < PyList_GET_SIZE(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "data_leaves(keys, arrays, data_op): two lists, a key per array");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(args[1]);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *kh = PyList_GET_ITEM(args[0], i);
+        if (!PyTuple_CheckExact(kh) || PyTuple_GET_SIZE(kh) != 2) {
+            PyErr_SetString(PyExc_TypeError, "data_leaves: each key is (key, hash)");
+            Py_DECREF(out);
+            return NULL;
+        }
+        NodeObject *leaf = node_make(args[2], PyTuple_GET_ITEM(kh, 0), empty_tuple, PyTuple_GET_ITEM(kh, 1), Py_None,
+                                     PyList_GET_ITEM(args[1], i));
+        if (leaf == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, (PyObject *)leaf);
+    }
+    return out;
+}
+
+/* rebind(pending, where, leaves): each storage's value its leaf (leaves[where[i]], or leaves[i] when where is
+   None), its version one more; the leaves on the tape (executor._sync's end) */
+static PyObject *
+rebind(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[2]) ||
+        (args[1] != Py_None && !PyList_CheckExact(args[1]))) {
+        PyErr_SetString(PyExc_TypeError, "rebind(pending, where, leaves): lists (where: a list or None)");
+        return NULL;
+    }
+    PyObject *pending = args[0], *where = args[1], *leaves = args[2];
+    Py_ssize_t n = PyList_GET_SIZE(pending), m = PyList_GET_SIZE(leaves);
+    if ((where == Py_None ? m : PyList_GET_SIZE(where)) < n) {
+        PyErr_SetString(PyExc_ValueError, "rebind: fewer leaves (or positions) than storages");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < m; i++)
+        if (!Py_IS_TYPE(PyList_GET_ITEM(leaves, i), &NodeType)) {
+            PyErr_SetString(PyExc_TypeError, "rebind: leaves must be Nodes");
+            return NULL;
+        }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *st = PyList_GET_ITEM(pending, i);
+        Py_ssize_t k = i;
+        if (where != Py_None) {
+            k = PyLong_AsSsize_t(PyList_GET_ITEM(where, i));
+            if (k == -1 && PyErr_Occurred())
+                return NULL;
+        }
+        if (!Py_IS_TYPE(st, &StorageType) || k < 0 || k >= m) {
+            PyErr_SetString(PyExc_TypeError, "rebind: a Storage and a leaf position in range");
+            return NULL;
+        }
+        StorageObject *s = (StorageObject *)st;
+        Py_SETREF(s->value, Py_NewRef(PyList_GET_ITEM(leaves, k)));
+        s->version++;
+    }
+    for (Py_ssize_t i = 0; i < m; i++)
+        if (tape_append((NodeObject *)PyList_GET_ITEM(leaves, i)) < 0)
+            return NULL;
+    Py_RETURN_NONE;
+}
+
 /* ---------------------------------------------------------------- write */
 
 static PyObject *write_py;  /* tensor.write's Python path: a view's write (a scatter into its storage's value) */
@@ -1897,6 +1973,10 @@ static PyMethodDef methods[] = {
     {"configure_maker", (PyCFunction)configure_maker, METH_O,
      "configure_maker(capsule or None): the C++ tensor maker (xla_dtensor.core.cxx), or _make_wrapper_subclass."},
     {"new_tensor", (PyCFunction)(void (*)(void))new_tensor, METH_FASTCALL, "tensor.new_tensor in C."},
+    {"data_leaves", (PyCFunction)(void (*)(void))data_leaves, METH_FASTCALL,
+     "data_leaves(keys, arrays, data_op): device-data leaves of known keys (executor.out_leaves)."},
+    {"rebind", (PyCFunction)(void (*)(void))rebind, METH_FASTCALL,
+     "rebind(pending, where, leaves): storages to their new leaves, the leaves taped (executor._sync)."},
     {"configure_write", (PyCFunction)configure_write, METH_O, "configure_write(python_write): a view's write."},
     {"write", (PyCFunction)(void (*)(void))write_c, METH_FASTCALL, "tensor.write in C (a root tensor's)."},
     {"new_view", (PyCFunction)(void (*)(void))new_view, METH_FASTCALL, "tensor.new_view in C."},

@@ -219,6 +219,32 @@ def test_write_matches_python_on_a_root_tensor_and_a_view(owner):
 
 
 @needs_native
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_syncs_rebinding_matches_python(shared):
+    """executor's C data_leaves and rebind (a sync's new leaves, storages rebound, leaves taped) against their
+    Python versions: the same leaves, values, versions and tape positions."""
+    from xla_dtensor.core import executor as X
+    dev = xla_dtensor.device()
+    got = []
+    for leaves_of, rebind in ((native.MODULE.data_leaves, native.MODULE.rebind), (X._data_leaves_py, X._rebind_py)):
+        ts = [torch.full((2,), float(i)).to(dev) for i in range(3)]
+        pending = [T.storage_of(t) for t in ts]
+        arrays = [T.value_of(t).data for t in ts[:2]]
+        keys = [(T.value_of(t).key, T.value_of(t).hash) for t in ts[:2]]
+        where = [0, 1, 0] if shared else None
+        with threads.held():
+            ir.clear_cons()
+            leaves = leaves_of(keys, arrays, ir.DATA)
+            rebind(pending if shared else pending[:2], where, leaves)
+            tape, base = ir.recorded()
+        got.append(([(n.op, n.key, n.inputs, n.hash, n.fn, n.data is a) for n, a in zip(leaves, arrays)],
+                    [(s.value is leaves[k], s.version) for s, k in zip(pending, where or [0, 1])],
+                    [n.tix - base for n in leaves], tape[-2:] == leaves))
+    assert got[0] == got[1]
+    assert got[0][2] == [len(ir.recorded()[0]) - 2, len(ir.recorded()[0]) - 1] and got[0][3]
+
+
+@needs_native
 def test_an_op_error_propagates_and_leaves_the_core_unlocked():
     dev = xla_dtensor.device()
     a, b = torch.ones(3, device=dev), torch.ones(4, device=dev)
