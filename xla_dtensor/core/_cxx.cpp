@@ -444,14 +444,13 @@ bool option_on() {
 
 PyObject *wrap(const at::Tensor &t) { return t.defined() ? THPVariable_Wrap(t) : Py_NewRef(Py_None); }
 
-// entry(cls, op, (cls,), args, {}): the op recorded (a new reference)
+// entry(cls, op, (cls,), args, {}): the op recorded (a new reference); takes the reference to args
 PyObject *call_entry(PyObject *cls, PyObject *op, PyObject *args) {
   PyObject *kwargs = PyDict_New();
-  if (kwargs == nullptr)
-    throw python_error();
   PyObject *call[5] = {cls, op, cls == own_cls ? own_types : lazy_types, args, kwargs};
-  PyObject *res = PyObject_Vectorcall(entry, call, 5, nullptr);
-  Py_DECREF(kwargs);
+  PyObject *res = kwargs == nullptr ? nullptr : PyObject_Vectorcall(entry, call, 5, nullptr);
+  Py_XDECREF(kwargs);
+  Py_DECREF(args);
   if (res == nullptr)
     raise_python_error();
   return res;
@@ -499,7 +498,6 @@ struct LinearBackward final : torch::autograd::Node {
         if (args == nullptr)
           throw python_error();
         PyObject *res = call_entry(cls, lin_back_op, args);
-        Py_DECREF(args);
         const Py_ssize_t n = (PyList_Check(res) || PyTuple_Check(res)) ? PySequence_Fast_GET_SIZE(res) : -1;
         if (n != (has_bias ? 3 : 2)) {
           Py_DECREF(res);
@@ -593,18 +591,15 @@ struct AttentionBackward final : torch::autograd::Node {
                                    wrap(to), is_causal ? Py_True : Py_False, scale);
     if (args == nullptr)
       throw python_error();
-    PyObject *got = cls != nullptr ? nullptr : PyObject_Call(att_back_op, args, nullptr);
+    PyObject *got;
     if (cls != nullptr) {
-      try {
-        got = call_entry(cls, att_back_op, args);
-      } catch (...) {
-        Py_DECREF(args);
-        throw;
-      }
+      got = call_entry(cls, att_back_op, args);
+    } else {  // through torch's dispatcher, as call_op would
+      got = PyObject_Call(att_back_op, args, nullptr);
+      Py_DECREF(args);
+      if (got == nullptr)
+        raise_python_error();
     }
-    Py_DECREF(args);
-    if (got == nullptr)
-      raise_python_error();
     const Py_ssize_t n = (PyList_Check(got) || PyTuple_Check(got)) ? PySequence_Fast_GET_SIZE(got) : -1;
     if (n != 3) {
       Py_DECREF(got);
@@ -671,14 +666,8 @@ PyObject *attention(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *res;
     {
       at::AutoGradMode no_grad(false);
-      try {
-        res = call_entry(cls, att_op, tuple);
-      } catch (...) {
-        Py_DECREF(tuple);
-        throw;
-      }
+      res = call_entry(cls, att_op, tuple);
     }
-    Py_DECREF(tuple);
     const bool grad = at::GradMode::is_enabled() &&
                       (t[0].requires_grad() || t[1].requires_grad() || t[2].requires_grad());
     if (!grad)
@@ -738,14 +727,8 @@ at::Tensor linear_kernel(const at::Tensor &x, const at::Tensor &w, const std::op
   {  // as torch.autograd.Function runs a forward (with a gradient), as the route's no-grad branch does (without)
     at::AutoGradMode no_grad(false);
     at::AutoDispatchBelowAutograd below;
-    try {
-      res = call_entry(cls, lin_op, args);
-    } catch (...) {
-      Py_DECREF(args);
-      throw;
-    }
+    res = call_entry(cls, lin_op, args);
   }
-  Py_DECREF(args);
   at::Tensor out = unpack_tensor(res, "xla_dtensor::linear");
   if (grad) {
     NodePtr node = NodeMaker<LinearBackward, NodePtr>::make(b != nullptr);
