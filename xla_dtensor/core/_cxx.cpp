@@ -819,15 +819,18 @@ PyObject *own_class(PyObject *, PyObject *cls) {
   Py_RETURN_NONE;
 }
 
-// enable(on): whether the kernel takes calls to the entry (off: all go the fallback's way); the old setting
-PyObject *enable(PyObject *, PyObject *on) {
+// flag = on's truth; the old value as a bool
+PyObject *toggle(bool &flag, PyObject *on) {
   int v = PyObject_IsTrue(on);
   if (v < 0)
     return nullptr;
-  PyObject *was = PyBool_FromLong(enabled);
-  enabled = v;
+  PyObject *was = PyBool_FromLong(flag);
+  flag = v;
   return was;
 }
+
+// enable(on): whether the kernel takes calls to the entry (off: all go the fallback's way); the old setting
+PyObject *enable(PyObject *, PyObject *on) { return toggle(enabled, on); }
 
 // install_linear(route, linear, linear_backward, counts, config, functorch_active): linear_kernel at
 // AutogradPrivateUse1 for aten::linear (see the kernel for the arguments)
@@ -887,14 +890,7 @@ PyObject *linear_calls(PyObject *, PyObject *) {
 
 // enable_nodes(on): whether linear_kernel and attention() take calls (off: all go to the Python route and
 // _FusedAttention.apply); the old setting
-PyObject *enable_nodes(PyObject *, PyObject *on) {
-  int v = PyObject_IsTrue(on);
-  if (v < 0)
-    return nullptr;
-  PyObject *was = PyBool_FromLong(nodes_enabled);
-  nodes_enabled = v;
-  return was;
-}
+PyObject *enable_nodes(PyObject *, PyObject *on) { return toggle(nodes_enabled, on); }
 
 // calls(): (calls the kernel took to the entry, calls it handed to torch's fallback)
 PyObject *calls(PyObject *, PyObject *) {
