@@ -15,6 +15,9 @@
 //    every call this kernel does not take it hands to that route.
 // 4. attention(): core/sdpa.py's fused call (after its Python checks) with a C++ autograd node in place
 //    of torch.autograd.Function's.
+// 5. register_device_guard(): PrivateUse1's device guard in C++. torch's Python-backend guard answers
+//    every type() by a pybind11 override lookup into Python (GIL, attribute lookup, call, cast); autograd
+//    asks it for each output's stream and each backward op's device, thousands of times a step.
 #include <Python.h>
 
 #include <ATen/EmptyTensor.h>
@@ -23,6 +26,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/core/TensorOptions.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/PyInterpreterHooks.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -897,6 +901,48 @@ PyObject *calls(PyObject *, PyObject *) {
   return Py_BuildValue("(LL)", static_cast<long long>(fast_calls), static_cast<long long>(other_calls));
 }
 
+// ------------------------------------------------------------------------------------ DEVICE GUARD
+
+// The guard of torch's Python backend path (torch/csrc/acc's PythonDeviceGuard) with type() answered in
+// C++: one device, index 0, one default stream, events that are always complete.
+struct Guard final : public c10::impl::DeviceGuardImplInterface {
+  static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
+  c10::DeviceType type() const override { return kType; }
+  c10::Device exchangeDevice(c10::Device) const override { return getDevice(); }
+  c10::Device getDevice() const override { return c10::Device(kType, 0); }
+  void setDevice(c10::Device) const override {}
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kType, 0));
+  }
+  c10::Stream getNewStream(c10::Device, int) const override { return getStream(getDevice()); }
+  c10::Stream exchangeStream(c10::Stream) const noexcept override { return getStream(getDevice()); }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  void record(void **, const c10::Stream &, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  void block(void *, const c10::Stream &) const override {}
+  bool queryEvent(void *) const override { return true; }
+  void destroyEvent(void *, const c10::DeviceIndex) const noexcept override {}
+  bool queryStream(const c10::Stream &) const override { return true; }
+  void synchronizeStream(const c10::Stream &) const override {}
+};
+
+// register_device_guard(): put Guard at PrivateUse1 unless a guard is there already (torch keeps the
+// first); whether it did
+PyObject *register_device_guard(PyObject *, PyObject *) {
+  if (c10::impl::hasDeviceGuardImpl(Guard::kType))
+    Py_RETURN_FALSE;
+  static Guard guard;
+  c10::impl::registerDeviceGuard(Guard::kType, &guard);
+  Py_RETURN_TRUE;
+}
+
+// device_guard_is_ours(): whether PrivateUse1's guard is Guard
+PyObject *device_guard_is_ours(PyObject *, PyObject *) {
+  if (!c10::impl::hasDeviceGuardImpl(Guard::kType))
+    Py_RETURN_FALSE;
+  return PyBool_FromLong(dynamic_cast<const Guard *>(c10::impl::getDeviceGuardImpl(Guard::kType)) != nullptr);
+}
+
 PyMethodDef methods[] = {
     {"make_tensor", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(make_tensor)), METH_FASTCALL,
      "make_tensor(cls, (shape, dtype, stride), device): _make_wrapper_subclass(cls, shape, strides=stride, "
@@ -916,6 +962,10 @@ PyMethodDef methods[] = {
     {"attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(attention)), METH_FASTCALL,
      "attention(q, k, v, mask, bias, is_causal, scale): the fused attention with a C++ autograd node."},
     {"attention_calls", attention_calls, METH_NOARGS, "attention_calls(): (calls attention() took, calls routed)."},
+    {"register_device_guard", register_device_guard, METH_NOARGS,
+     "register_device_guard(): PrivateUse1's device guard in C++ unless one is registered; whether it was."},
+    {"device_guard_is_ours", device_guard_is_ours, METH_NOARGS,
+     "device_guard_is_ours(): whether PrivateUse1's device guard is register_device_guard's."},
     {"calls", calls, METH_NOARGS, "calls(): (calls taken to the entry, calls handed to torch's fallback)."},
     {nullptr, nullptr, 0, nullptr}};
 

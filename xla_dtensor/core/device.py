@@ -2,8 +2,9 @@
 
 ``torch.utils.backend_registration._setup_privateuseone_for_python_backend`` (torch
 >= 2.5) renames PrivateUse1, generates ``Tensor.jax()`` / ``Module.jax()``, and
-registers a Python device guard and hooks, which autograd needs for a backend without
-C++ parts. ``"xla"`` is not usable: torch reserves it for torch_xla.
+registers a device guard and hooks, which autograd needs for a backend without C++
+parts. The guard is the core's C++ one (``_cxx.register_device_guard``) where the C++
+part is built, else a Python one. ``"xla"`` is not usable: torch reserves it for torch_xla.
 
 Import order: torch's autograd engine sizes its per-device ready queues once, at the
 first ``backward()`` of the process. If one ran before this registration the engine has
@@ -108,7 +109,8 @@ _STREAM = _Stream()
 
 
 class _DeviceGuard(torch._C._acc.DeviceGuard):
-    """torch's Python device guard for PrivateUse1, whose only Python method is ``type_``.
+    """torch's Python device guard for PrivateUse1 (without the core's C++ part), whose only
+    Python method is ``type_``.
 
     torch's autograd and dispatcher ask the guard its device type ~4 times per backward op
     (2,480 times in a 12-layer GPT step). ``type_`` is a C-level callable here, not a Python
@@ -136,6 +138,9 @@ def register() -> None:
     setup = getattr(br, "_setup_privateuseone_for_python_backend", None)
     if setup is None:  # pragma: no cover - torch < 2.5
         raise DeviceRegistrationError(f"torch {torch.__version__} lacks the Python PrivateUse1 backend path")
+    from xla_dtensor.core import cxx
+    if cxx.MODULE is not None:  # torch keeps the first guard: setup's Python one is then unused
+        cxx.MODULE.register_device_guard()
     setup(DEVICE_NAME, backend_module=_BackendModule(), device_guard=_DeviceGuard())
     _registered = True
     check_autograd_engine()

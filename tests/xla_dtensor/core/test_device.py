@@ -147,3 +147,32 @@ def test_device_guard_answers_its_type_without_a_python_frame():
     guard = sys.modules["xla_dtensor.core.device"]._DeviceGuard()
     assert guard.type_() == br._DummyDeviceGuard().type_() == torch._C._autograd.DeviceType.PrivateUse1
     assert not inspect.isfunction(guard.type_) and not inspect.ismethod(guard.type_)
+
+
+_GUARD_PROBE = """
+import torch, xla_dtensor
+from xla_dtensor.core import cxx
+s = torch.Stream(device="jax")
+e = torch.Event(device="jax")
+e.record(s)
+x = torch.ones(3, device="jax", requires_grad=True)
+(x * x).sum().backward()
+print(cxx.MODULE is not None and cxx.MODULE.device_guard_is_ours(), repr(s), s.query(), e.query(),
+      x.grad.device, x.grad.cpu().tolist())
+"""
+
+
+def test_cxx_device_guard_answers_as_torchs_python_guard():
+    """The C++ guard (torch asks it for each output's stream and each backward op's device) gives what
+    torch's Python-backend guard gives: the same stream, events, device and gradients."""
+    import os
+    runs = {}
+    for cxx_on in ("1", "0"):
+        env = {**os.environ, "XLA_DTENSOR_CXX": cxx_on}
+        r = subprocess.run([sys.executable, "-c", _GUARD_PROBE], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs[cxx_on] = r.stdout.strip().split(" ", 1)
+    from xla_dtensor.core import cxx
+    assert runs["1"][0] == str(cxx.MODULE is not None) and runs["0"][0] == "False"
+    assert runs["1"][1] == runs["0"][1]
+    assert "stream_id=0" in runs["0"][1] and "[2.0, 2.0, 2.0]" in runs["0"][1]
