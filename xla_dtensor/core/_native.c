@@ -188,6 +188,50 @@ static PyObject *s_CONS, *s_TAPE, *s_BASE, *s_CONS_LIMIT, *s_TAPE_LIMIT, *s_drop
 static PyObject *s_ops_recorded, *s_hash_cons_hits, *s_chain, *s_storage, *s_value, *s_meta;
 static PyObject *s_scalar_flags, *s_no_flags, *s_scalar_kw;
 
+/* STATE's fields read and written in place: CoreState is a slots dataclass, each field a member at a fixed
+ * offset of the object (PyObject_GetAttr's type lookup and descriptor call cost ~40 ns a field, ~8 reads
+ * and writes an op). -1: not a plain object member (another state object): the attribute protocol. */
+static Py_ssize_t off_consing = -1, off_owner = -1, off_modes = -1, off_eager_state = -1;
+
+#ifndef Py_T_OBJECT_EX
+#define Py_T_OBJECT_EX T_OBJECT_EX
+#endif
+
+static Py_ssize_t
+member_offset(PyObject *obj, const char *name)
+{
+    PyObject *d = PyDict_GetItemString(Py_TYPE(obj)->tp_dict, name);
+    if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
+        return -1;
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    return m->type == Py_T_OBJECT_EX && !(m->flags & READONLY) ? m->offset : -1;
+}
+
+/* getattr(STATE, name): a new reference, or NULL with an error set */
+static PyObject *
+state_get(Py_ssize_t off, PyObject *name)
+{
+    if (off < 0)
+        return PyObject_GetAttr(state, name);
+    PyObject *v = *(PyObject **)((char *)state + off);
+    if (v == NULL) {
+        PyErr_SetObject(PyExc_AttributeError, name);
+        return NULL;
+    }
+    return Py_NewRef(v);
+}
+
+/* setattr(STATE, name, value) */
+static int
+state_set(Py_ssize_t off, PyObject *name, PyObject *value)
+{
+    if (off < 0)
+        return PyObject_SetAttr(state, name, value);
+    PyObject **slot = (PyObject **)((char *)state + off);
+    Py_XSETREF(*slot, Py_NewRef(value));
+    return 0;
+}
+
 /* configure_ir(ir_globals, state, counts): what ir.py's functions read */
 static PyObject *
 configure_ir(PyObject *self, PyObject *args)
@@ -219,6 +263,10 @@ configure_ir(PyObject *self, PyObject *args)
     Py_XSETREF(param_op, Py_NewRef(param));
     Py_XSETREF(ir_globals, Py_NewRef(g));
     Py_XSETREF(state, Py_NewRef(st));
+    off_consing = member_offset(st, "consing");
+    off_owner = member_offset(st, "owner");
+    off_modes = member_offset(st, "modes");
+    off_eager_state = member_offset(st, "eager_state");
     Py_XSETREF(counts, Py_NewRef(c));
     Py_RETURN_NONE;
 }
@@ -297,7 +345,7 @@ count(PyObject *name, Py_ssize_t n)
 static int
 consing(void)
 {
-    PyObject *v = PyObject_GetAttr(state, s_consing);
+    PyObject *v = state_get(off_consing, s_consing);
     if (v == NULL)
         return -1;
     int r = PyObject_IsTrue(v);
@@ -815,6 +863,7 @@ static PyTypeObject StorageType;
 static PyObject *storage_seq;  /* tensor._SEQ: storages count their creation order with Python's counter */
 static PyObject *me_fn;        /* threads.me: the owner of what the calling thread records */
 static PyObject *lock;         /* threads.LOCK */
+static PyObject *lock_acquire, *lock_release, *lock_is_owned;  /* its bound methods */
 static PyObject *live_data, *live_remove;  /* tensor.LIVE's set of weak references, and its removal callback */
 static PyObject *s_owner, *s_is_owned, *s_version;
 
@@ -848,12 +897,12 @@ storage_make(PyObject *value, PyObject *meta, PyObject *owner)
 static PyObject *
 current_owner(void)
 {
-    PyObject *owner = PyObject_GetAttr(state, s_owner);
+    PyObject *owner = state_get(off_owner, s_owner);
     if (owner == NULL)
         return NULL;
     int set = PyObject_IsTrue(owner);
     if (set > 0) {
-        PyObject *held = PyObject_CallMethodNoArgs(lock, s_is_owned);
+        PyObject *held = PyObject_CallNoArgs(lock_is_owned);
         if (held == NULL) {
             Py_DECREF(owner);
             return NULL;
@@ -986,6 +1035,17 @@ configure_tensor(PyObject *self, PyObject *args)
     Py_XSETREF(out_local, Py_NewRef(out));
     Py_XSETREF(device, Py_NewRef(dev));
     Py_XSETREF(me_fn, Py_NewRef(me));
+    PyObject *acq = PyObject_GetAttrString(lk, "acquire"), *rel = PyObject_GetAttrString(lk, "release"),
+             *own = PyObject_GetAttrString(lk, "_is_owned");
+    if (acq == NULL || rel == NULL || own == NULL) {
+        Py_XDECREF(acq);
+        Py_XDECREF(rel);
+        Py_XDECREF(own);
+        return NULL;
+    }
+    Py_XSETREF(lock_acquire, acq);
+    Py_XSETREF(lock_release, rel);
+    Py_XSETREF(lock_is_owned, own);
     Py_XSETREF(lock, Py_NewRef(lk));
     Py_XSETREF(live_data, Py_NewRef(ld));
     Py_XSETREF(live_remove, Py_NewRef(lr));
@@ -1574,7 +1634,7 @@ enter(PyObject *args)
     if (k == -1 && PyErr_Occurred())
         return NULL;
     if (k == user_kind) {
-        PyObject *modes = PyObject_GetAttr(state, s_modes), *eager = PyObject_GetAttr(state, s_eager_state);
+        PyObject *modes = state_get(off_modes, s_modes), *eager = state_get(off_eager_state, s_eager_state);
         int lazy = modes != NULL && eager != NULL && PyObject_IsTrue(modes) == 0 && eager == Py_None;
         Py_XDECREF(modes);
         Py_XDECREF(eager);
@@ -1675,7 +1735,7 @@ torch_dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
         Py_DECREF(first);
         break;
     }
-    PyObject *got = PyObject_CallMethodNoArgs(lock, s_acquire);
+    PyObject *got = PyObject_CallNoArgs(lock_acquire);
     if (got == NULL) {
         Py_DECREF(kw);
         return NULL;
@@ -1687,11 +1747,11 @@ torch_dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
         Py_CLEAR(prev_cls);
         goto release;
     }
-    PyObject *outer = PyObject_GetAttr(state, s_owner);
+    PyObject *outer = state_get(off_owner, s_owner);
     if (outer != NULL) {
         int inside = PyObject_IsTrue(outer);
         PyObject *owner = inside ? NULL : enter(cargs);
-        if (inside < 0 || (!inside && (owner == NULL || PyObject_SetAttr(state, s_owner, owner) < 0))) {
+        if (inside < 0 || (!inside && (owner == NULL || state_set(off_owner, s_owner, owner) < 0))) {
             Py_XDECREF(owner);
         } else {
             Py_XDECREF(owner);
@@ -1721,7 +1781,7 @@ torch_dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
         /* STATE.owner = outer, whatever happened (keeping the error, if any) */
         PyObject *tp, *val, *tb;
         PyErr_Fetch(&tp, &val, &tb);
-        if (PyObject_SetAttr(state, s_owner, outer) < 0)
+        if (state_set(off_owner, s_owner, outer) < 0)
             PyErr_WriteUnraisable(state);
         PyErr_Restore(tp, val, tb);
         Py_DECREF(outer);
@@ -1737,7 +1797,7 @@ torch_dispatch(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
 release:;
     PyObject *tp, *val, *tb;
     PyErr_Fetch(&tp, &val, &tb);
-    PyObject *released = PyObject_CallMethodNoArgs(lock, s_release);
+    PyObject *released = PyObject_CallNoArgs(lock_release);
     if (released == NULL)
         PyErr_WriteUnraisable(lock);
     Py_XDECREF(released);
