@@ -865,7 +865,7 @@ static PyObject *me_fn;        /* threads.me: the owner of what the calling thre
 static PyObject *lock;         /* threads.LOCK */
 static PyObject *lock_acquire, *lock_release, *lock_is_owned;  /* its bound methods */
 static PyObject *live_data, *live_remove;  /* tensor.LIVE's set of weak references, and its removal callback */
-static PyObject *s_owner, *s_is_owned, *s_version;
+static PyObject *s_owner, *s_is_owned, *s_acquire, *s_release, *s_version;
 
 static StorageObject *
 storage_make(PyObject *value, PyObject *meta, PyObject *owner)
@@ -1035,8 +1035,8 @@ configure_tensor(PyObject *self, PyObject *args)
     Py_XSETREF(out_local, Py_NewRef(out));
     Py_XSETREF(device, Py_NewRef(dev));
     Py_XSETREF(me_fn, Py_NewRef(me));
-    PyObject *acq = PyObject_GetAttrString(lk, "acquire"), *rel = PyObject_GetAttrString(lk, "release"),
-             *own = PyObject_GetAttrString(lk, "_is_owned");
+    PyObject *acq = PyObject_GetAttr(lk, s_acquire), *rel = PyObject_GetAttr(lk, s_release),
+             *own = PyObject_GetAttr(lk, s_is_owned);
     if (acq == NULL || rel == NULL || own == NULL) {
         Py_XDECREF(acq);
         Py_XDECREF(rel);
@@ -1550,7 +1550,7 @@ static PyObject *this_thread;    /* threads._THIS (a threading.local) */
 static PyObject *dispatch_globals;  /* dispatch.py's globals: its ``dispatch`` (this module's, unless replaced) */
 static PyObject *dispatch_self;     /* this module's dispatch function object */
 static PyObject *s_dispatch;
-static PyObject *s_kind_attr, *s_ident, *s_modes, *s_eager_state, *s_acquire, *s_release;
+static PyObject *s_kind_attr, *s_ident, *s_modes, *s_eager_state;
 static long user_kind;           /* threads._USER */
 
 /* configure_dispatch(special_by_id, compute_now, enter, on_error, this_thread, user_kind, dispatch_globals) */
