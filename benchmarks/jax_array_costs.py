@@ -59,7 +59,10 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 def measure(sharding: Any, n: int, reps: int) -> dict[str, float]:
     """Per-array calling-thread us of each part of :data:`PARTS` for ``n`` arrays laid out as ``sharding``."""
     host = np.ones((8, 64), np.float32)
-    fresh = lambda: [jax.device_put(host, sharding) for _ in range(n)]  # noqa: E731
+
+    def fresh() -> list[Any]:
+        return [jax.device_put(host, sharding) for _ in range(n)]
+
     xs = fresh()
     to_one = jax.jit(lambda *a: sum(x[0, 0] for x in a)).lower(*xs).compile()
     to_many = jax.jit(lambda x: [x * (i + 1) for i in range(n)]).lower(xs[0]).compile()
