@@ -163,11 +163,13 @@ def make_plan(roots: list[Node]) -> Plan:
     return Plan(Struct(struct), order, leaves, fns, wiring, shardings, outs)
 
 
-def lower(plan: Plan, donate_idx: tuple[int, ...] = (), order: list[int] | None = None) -> Any:
+def lower(plan: Plan, donate_idx: tuple[int, ...] = (), order: list[int] | None = None,
+          out_shardings: tuple | None = None) -> Any:
     """``plan`` as one jitted JAX function, lowered for its leaves' arrays (``jax.stages.Lowered``).
 
     ``order``: the leaves' positions in argument order (None: ``plan.leaves`` order);
-    ``donate_idx`` counts in argument order.
+    ``donate_idx`` counts in argument order; ``out_shardings``: per root, its sharding (None: as
+    XLA propagates).
     """
     program = make_program(plan.fns, plan.wiring, plan.shardings, plan.outs)
     if order is not None:
@@ -177,6 +179,9 @@ def lower(plan: Plan, donate_idx: tuple[int, ...] = (), order: list[int] | None 
         # a backward launched on its own (core.phases) reads activations autograd has freed; XLA reuses
         # what it can and jax frees the rest, which it warns about
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        if out_shardings is not None:
+            return jax.jit(program, donate_argnums=donate_idx, out_shardings=out_shardings).lower(
+                *arguments(plan, order))
         return jax.jit(program, donate_argnums=donate_idx).lower(*arguments(plan, order))
 
 
@@ -335,20 +340,24 @@ _ORDERS: dict[tuple, tuple] = {}
 
 @guard
 def execute(roots: list[Node], donate: set[int] | None = None, partners: list[int | None] | None = None,
-            plan: Plan | None = None, donated: list[int] | None = None) -> list[Any]:
+            plan: Plan | None = None, donated: list[int] | None = None, out_shardings: tuple | None = None
+            ) -> list[Any]:
     """Compute ``roots``; returns their arrays.
 
     ``donate``: ids of leaves whose buffers may be reused; ``partners``: per root, the
     id of the leaf it overwrites (see :func:`arg_order`); ``plan``: ``make_plan(roots)`` if the
     caller has it; ``donated``: instead of ``donate``, the positions in ``plan.leaves`` of the
-    donatable leaves (ascending).
+    donatable leaves (ascending); ``out_shardings``: per root, the sharding to compute it in
+    (None: as XLA propagates).
     """
     t0 = time.perf_counter()
     plan, order, donate_idx, key = layout(roots, donate, partners, plan, donated)
+    if out_shardings is not None:
+        key = (key, out_shardings)  # NOTE: a NamedSharding caches its hash: ~15 us for a GPT step's 590
     compiled = lookup(key)
     fresh = compiled is None
     if fresh:
-        compiled = lower(plan, donate_idx, order).compile()
+        compiled = lower(plan, donate_idx, order, out_shardings).compile()
         store(key, compiled)
     result = compiled(*placed_scalars(compiled, key, arguments(plan, order)))
     global _RAN
@@ -474,7 +483,7 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
     stores = live()
     fns = list(map(_VALUE_FN, stores))  # (C-level passes: a GPT step holds ~800 storages)
     pending: list[Storage] = list(itertools.compress(stores, fns))
-    held: set[int] = set(map(id, map(_VALUE, itertools.compress(stores, map(operator.not_, fns)))))
+    kept: set[int] = set(map(id, map(_VALUE, itertools.compress(stores, map(operator.not_, fns)))))
     pending, others = threads.split(pending, _owner, None if all_threads else owner)
     foreign: list[Node] = [s.value for s in others]  # other threads' pending values: their leaves are not donated
     checks, check_roots = index_checks.take(owner) if index_checks.PENDING else ([], [])
@@ -486,16 +495,21 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
         for hook in PRE_SYNC if pre_hooks else ():
             hook(pending)
     values, where = _distinct(list(map(_VALUE, pending)) if PRE_SYNC and pre_hooks else before)
+    held = _held(pending, where, len(values)) if STATE.held is not None else None
+    if held is not None and held[1]:  # storages sharing a value asked for different layouts: constraint nodes
+        values, where = _distinct(list(map(_VALUE, pending)))
+        held = _held(pending, where, len(values))
     roots = values + check_roots
     # NOTE: one walk of the graph (none when the step repeats), shared with execute (a second one cost ~10% of a sync)
     plan = plan_cache.plan(roots, make_plan)
     if deferred:
         plan = _deferred(plan, pending, before)
     if foreign or index_checks.PENDING:
-        held |= threads.reached_leaves(foreign + [c.node for c in index_checks.PENDING])
+        kept |= threads.reached_leaves(foreign + [c.node for c in index_checks.PENDING])
     firsts = pending if where is None else _firsts(pending, where, len(values))
     donors = list(map(_DONOR, firsts))
-    arrays = execute(roots, None, donors + [None] * len(check_roots), plan, _donated(plan, held))
+    outsh = None if held is None else held[0] + (None,) * len(check_roots)
+    arrays = execute(roots, None, donors + [None] * len(check_roots), plan, _donated(plan, kept), outsh)
     clear_cons()  # the graph it indexes is computed; the next step starts a fresh table
     n = len(values)
     leaves = out_leaves(arrays[:n], list(map(_META, firsts)))
@@ -567,6 +581,34 @@ def _distinct(values: list[Node]) -> tuple[list[Node], list[int] | None]:
         return values, None
     index, by_id = dict(zip(distinct, itertools.count())), dict(zip(ids, values))
     return list(map(by_id.__getitem__, distinct)), list(map(index.__getitem__, ids))
+
+
+def _held(pending: list[Storage], where: list[int] | None, n: int) -> tuple[tuple, bool]:
+    """(per distinct value, the output sharding the sync hooks asked for it (``STATE.held``, per pending
+    storage); whether storages sharing a value asked for different ones).
+
+    NOTE: those storages' values are then given constraint nodes to their own layouts (so they are
+    distinct values) and dropped from the held list, and the caller finds the distinct values again.
+    """
+    held = STATE.held
+    if where is None:
+        return tuple(held), False
+    out: list[Any] = [None] * n
+    first = [True] * n
+    clash: set[int] = set()
+    for k, sh in zip(where, held):
+        if first[k]:
+            out[k], first[k] = sh, False
+        elif sh is not out[k] and sh != out[k]:
+            clash.add(k)
+    if not clash:
+        return tuple(out), False
+    from xla_dtensor.core import layout as L
+    for i, (s, k, sh) in enumerate(zip(pending, where, held)):
+        if k in clash and sh is not None:
+            s.value = L.constrain(s.value, sh)
+            held[i] = None
+    return (), True
 
 
 def _firsts(pending: list[Storage], where: list[int], n: int) -> list[Storage]:

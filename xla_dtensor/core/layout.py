@@ -7,6 +7,9 @@ Invariants:
   ``jax.lax.with_sharding_constraint``); its key holds the sharding, so the program
   cache tells layouts apart.
 * Device data of an **even** layout is a ``jax.Array`` with that ``NamedSharding``.
+* A storage's *sticky* layout (``Storage.layout``, even) is held at ``sync()`` as the
+  program's output sharding of its value, not as a constraint node (:func:`stored_shardings`);
+  ``compile``'s traces, which build their programs from nodes, get constraint nodes.
 * Device data of an **uneven** layout (a dim not divisible by its shard count; JAX
   arrays cannot hold one) is stored padded with zeros to ``ceil(n/k)*k`` rows, evenly
   sharded, behind an ``unpad`` node that slices it back to the logical shape and
@@ -109,6 +112,50 @@ def constrain_stored(pending: list[Any], table: dict[tuple, tuple]) -> list[Any]
         if not is_constraint(s.value, e[1]):
             s.value = constrain(s.value, e[1])
     return rest
+
+
+# (id(layout), shape) -> (layout, its NamedSharding, even, padded shape or None): every sync of a sharded
+# model asks for each sticky parameter and optimizer state (~600 in an AUTO-planned 12-layer GPT step)
+_LAID: dict[tuple, tuple] = {}
+
+
+def laid(spec: ShardingSpec, shape: tuple[int, ...]) -> tuple[ShardingSpec, Any, bool, tuple[int, ...] | None]:
+    """``(spec, named(spec), is_even(spec, shape), padded_shape or None)``, made once per (layout, shape)."""
+    d = _LAID.get((id(spec), shape))
+    if d is None or d[0] is not spec:
+        if len(_LAID) >= 4096:
+            _LAID.clear()
+        even = is_even(spec, shape)
+        d = _LAID[(id(spec), shape)] = (spec, named(spec), even, None if even else padded_shape(spec, shape))
+    return d
+
+
+def stored_shardings(pending: list[Any]) -> tuple[list[Any], list[Any]]:
+    """(per storage of ``pending``, the sharding of its even sticky layout or None; the storages whose
+    sticky layout is uneven).
+
+    Example:
+        >>> stored_shardings([])
+        ([], [])
+    """
+    out: list[Any] = []
+    uneven: list[Any] = []
+    get = _LAID.get
+    for s in pending:
+        spec = s.layout
+        if spec is None:
+            out.append(None)
+            continue
+        shape = s.meta[0]
+        d = get((id(spec), shape))
+        if d is None or d[0] is not spec:
+            d = laid(spec, shape)
+        if d[2]:
+            out.append(d[1])
+        else:
+            out.append(None)
+            uneven.append(s)
+    return out, uneven
 
 
 def is_constraint(node: Node, sharding: Any = None) -> bool:

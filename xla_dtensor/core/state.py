@@ -12,7 +12,8 @@ by the lock holder (:mod:`.threads`); the rest of the library reads it, never se
 * ``capturing``: ``xla_dtensor.compile`` records a call; ``capture_log`` lists its host
   reads and host-made leaves (see :func:`capturing`).
 * ``deferring``: ``sync()`` runs its pre-sync hooks; ``deferred`` holds the constraint
-  tables they hand to the sync's own graph walk (see :func:`deferring`).
+  tables they hand to the sync's own graph walk (see :func:`deferring`), ``held`` the
+  output shardings they ask for the pending storages (see :func:`hold`).
 
 Example:
     >>> with capturing() as log:
@@ -44,6 +45,7 @@ class CoreState:
     capture_log: list = dataclasses.field(default_factory=list)
     deferring: bool = False
     deferred: list = dataclasses.field(default_factory=list)
+    held: list | None = None
     debugging: bool = False  # xla_dtensor.debug explains every compile (eager mode then takes the full path)
     modes: dict[int, Any] = dataclasses.field(default_factory=dict)  # owner -> its eager-mode object
 
@@ -101,6 +103,7 @@ def capturing() -> Iterator[list]:
 def deferring() -> Iterator[list]:
     """``sync()``'s pre-sync hooks run inside: yields the list they queue constraint tables on."""
     STATE.deferred = []
+    STATE.held = None
     STATE.deferring = True
     try:
         yield STATE.deferred
@@ -119,4 +122,14 @@ def defer(table: Any) -> bool:
     if not STATE.deferring:
         return False
     STATE.deferred.append(table)
+    return True
+
+
+def hold(shardings: list) -> bool:
+    """Ask the running sync to compute its pending storages' values in ``shardings`` (one per storage, in the
+    order the hooks got them; None: as XLA propagates), as the program's output shardings instead of
+    constraint nodes; False outside a sync's hooks (the caller then adds the constraints itself)."""
+    if not STATE.deferring:
+        return False
+    STATE.held = shardings
     return True

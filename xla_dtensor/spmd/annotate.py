@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import jax
 
 from mesh import Mesh, from_torch, get_global_mesh, torch_bridge
-from xla_dtensor.core import executor, threads
+from xla_dtensor.core import executor, state, threads
 from xla_dtensor.core.ir import DATA, data_leaf
 from xla_dtensor.core.tensor import LazyTensor, Storage, is_view, meta_of, set_view_value, storage_of, value_of
 from xla_dtensor.sharding import HloSharding, ShardingSpec
@@ -225,41 +225,39 @@ def stick(storage: Storage, spec: ShardingSpec | None) -> None:
     storage.layout = spec
 
 
-# (id(spec), shape) -> (spec, its NamedSharding, even?, padded shape): the ShardingSpec dataclass and
-# the mesh hash in Python, and each sync lays out every sticky pending storage
-_LAID: dict[tuple, tuple] = {}
-
-
-# the even ones of _LAID as layout.constrain_stored reads them: (spec, its NamedSharding, constraint key, hash)
+# the even layouts seen before as layout.constrain_stored reads them: (id(spec), shape) -> (spec, its
+# NamedSharding, constraint key, hash)
 _EVEN: dict[tuple, tuple] = {}
 
 
-def _laid(spec: ShardingSpec, shape: tuple[int, ...]) -> tuple:
-    d = _LAID.get((id(spec), shape))
-    if d is None or d[0] is not spec:
-        if len(_LAID) >= 4096:
-            _LAID.clear()
-            _EVEN.clear()
-        even = L.is_even(spec, shape)
-        ns = L.named(spec)
-        d = _LAID[(id(spec), shape)] = (spec, ns, even, None if even else L.padded_shape(spec, shape))
-        if even:
-            _EVEN[(id(spec), shape)] = (spec, ns, *L.constraint_key(ns))
-    return d
-
-
 def _pre_sync(pending: list[Storage]) -> None:
-    # NOTE: the layouts seen before, at once (an AUTO-planned GPT step: ~600 sticky pending storages each
-    # sync); here only new and uneven ones
+    if state.STATE.deferring:  # sync(): even layouts as the program's output shardings, no nodes
+        shardings, uneven = L.stored_shardings(pending)
+        if shardings.count(None) < len(shardings):
+            state.hold(shardings)
+        for s in uneven:
+            _repad(s)
+        return
+    # NOTE: compile's traces: the layouts seen before, at once (an AUTO-planned GPT step: ~600 sticky pending
+    # storages each sync); here only new and uneven ones
     for s in L.constrain_stored(pending, _EVEN):
-        shape = s.meta[0]
-        _, ns, even, pshape = _laid(s.layout, shape)
-        if even:
-            if not L.is_constraint(s.value, ns):
-                s.value = L.constrain(s.value, ns)
-        else:
-            s.value = L.pad(s.value, shape, pshape, ns)
-            _REPADDED.append((s, pshape, ns))
+        spec, ns, even, _ = L.laid(s.layout, s.meta[0])
+        if not even:
+            _repad(s)
+            continue
+        if len(_EVEN) >= 4096:
+            _EVEN.clear()
+        _EVEN[(id(spec), s.meta[0])] = (spec, ns, *L.constraint_key(ns))
+        if not L.is_constraint(s.value, ns):
+            s.value = L.constrain(s.value, ns)
+
+
+def _repad(s: Storage) -> None:
+    """Compute ``s`` (of an uneven sticky layout) padded, to be unpadded after the sync."""
+    shape = s.meta[0]
+    _, ns, _, pshape = L.laid(s.layout, shape)
+    s.value = L.pad(s.value, shape, pshape, ns)
+    _REPADDED.append((s, pshape, ns))
 
 
 def _post_sync(pending: list[Storage]) -> None:

@@ -59,6 +59,46 @@ def test_sticky_sharding_survives_in_place_updates(dev):
     torch.testing.assert_close(t.cpu(), (w * 2 + 1) * 2 + 1)
 
 
+def _hlo_of(t, ndim):
+    return str(t._storage.value.data.sharding._to_xla_hlo_sharding(ndim))
+
+
+def test_sync_holds_sticky_layouts_as_output_shardings(dev):
+    """A plain sync() computes a sticky storage in its layout through the program's output shardings: it
+    records no constraint node, and the program reports the layout for that output only."""
+    from xla_dtensor import metrics
+    mesh = xs.Mesh(range(8), (4, 2), ("x", "y"))
+    w, v = torch.randn(8, 4), torch.randn(8, 4)
+    t, u = w.to(dev), v.to(dev)
+    xs.mark_sharding(t, mesh, (None, "y"))
+    xla_dtensor.sync()
+    t.mul_(2)
+    u.add_(1)
+    before = metrics.counters()["ops_recorded"]
+    xla_dtensor.sync()
+    assert metrics.counters()["ops_recorded"] == before  # no sharding_constraint node for t
+    assert _hlo_of(t, 2) == _jax_hlo(mesh, (None, "y"), 2)
+    torch.testing.assert_close(t.cpu(), w * 2)
+    torch.testing.assert_close(u.cpu(), v + 1)
+
+
+def test_storages_sharing_a_value_keep_their_own_layouts(dev):
+    """Two storages that hold one pending value but stick to different layouts come back each in its own."""
+    mesh = xs.Mesh(range(8), (4, 2), ("x", "y"))
+    h = torch.randn(8, 4)
+    a, b = torch.zeros(8, 4).to(dev), torch.ones(8, 4).to(dev)
+    xs.mark_sharding(a, mesh, ("x", None))
+    xs.mark_sharding(b, mesh, (None, "y"))
+    s = h.to(dev) * 3
+    a.copy_(s)
+    b.copy_(s)
+    xla_dtensor.sync()
+    assert _hlo_of(a, 2) == _jax_hlo(mesh, ("x", None), 2)
+    assert _hlo_of(b, 2) == _jax_hlo(mesh, (None, "y"), 2)
+    torch.testing.assert_close(a.cpu(), h * 3)
+    torch.testing.assert_close(b.cpu(), h * 3)
+
+
 def test_propagated_sharding_of_intermediates_after_sync(dev):
     mesh = xs.Mesh(range(8), (8,), ("x",))
     a = torch.randn(16, 4).to(dev)
