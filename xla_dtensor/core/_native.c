@@ -2014,6 +2014,71 @@ fail:
     return NULL;
 }
 
+/* stored_shardings(pending, table): per storage of pending, the sharding of its layout where
+ * table[(id(layout), shape)] = (layout, sharding, even, padded shape) is an even entry for it, else None;
+ * and the positions of the storages with a layout and no such entry (new or uneven: the caller's Python
+ * path lays them out). NotImplemented when pending holds another storage type. */
+static PyObject *
+stored_shardings(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "stored_shardings(pending: list, table: dict)");
+        return NULL;
+    }
+    PyObject *pending = args[0], *table = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(pending);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!Py_IS_TYPE(PyList_GET_ITEM(pending, i), &StorageType))
+            Py_RETURN_NOTIMPLEMENTED;
+    PyObject *out = PyList_New(n), *rest = PyList_New(0);
+    if (out == NULL || rest == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        StorageObject *s = (StorageObject *)PyList_GET_ITEM(pending, i);
+        PyObject *spec = s->layout;
+        if (spec == NULL || spec == Py_None) {
+            PyList_SET_ITEM(out, i, Py_NewRef(Py_None));
+            continue;
+        }
+        if (!PyTuple_Check(s->meta) || PyTuple_GET_SIZE(s->meta) != 3) {
+            PyErr_SetString(PyExc_TypeError, "a storage's meta is (shape, dtype, stride)");
+            goto fail;
+        }
+        PyObject *id = PyLong_FromVoidPtr(spec);
+        if (id == NULL)
+            goto fail;
+        PyObject *k = PyTuple_Pack(2, id, PyTuple_GET_ITEM(s->meta, 0));
+        Py_DECREF(id);
+        if (k == NULL)
+            goto fail;
+        PyObject *e = PyDict_GetItemWithError(table, k);
+        Py_DECREF(k);
+        if (e == NULL && PyErr_Occurred())
+            goto fail;
+        if (e != NULL && PyTuple_Check(e) && PyTuple_GET_SIZE(e) == 4 && PyTuple_GET_ITEM(e, 0) == spec
+                && PyTuple_GET_ITEM(e, 2) == Py_True) {
+            PyList_SET_ITEM(out, i, Py_NewRef(PyTuple_GET_ITEM(e, 1)));
+            continue;
+        }
+        PyList_SET_ITEM(out, i, Py_NewRef(Py_None));
+        PyObject *at = PyLong_FromSsize_t(i);
+        if (at == NULL)
+            goto fail;
+        int bad = PyList_Append(rest, at);
+        Py_DECREF(at);
+        if (bad < 0)
+            goto fail;
+    }
+    PyObject *both = PyTuple_Pack(2, out, rest);
+    Py_DECREF(out);
+    Py_DECREF(rest);
+    return both;
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(rest);
+    return NULL;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
@@ -2046,6 +2111,8 @@ static PyMethodDef methods[] = {
     {"dispatch", (PyCFunction)(void (*)(void))dispatch, METH_FASTCALL, "dispatch.dispatch in C."},
     {"constrain_stored", (PyCFunction)(void (*)(void))constrain_stored, METH_FASTCALL,
      "constrain_stored(pending, table, kind, fn): layout.constrain_stored in C."},
+    {"stored_shardings", (PyCFunction)(void (*)(void))stored_shardings, METH_FASTCALL,
+     "stored_shardings(pending, table): layout.stored_shardings' table look-ups in C."},
     {"configure_own_class", (PyCFunction)configure_own_class, METH_VARARGS,
      "configure_own_class(cls, ops, first, rewrap): a subclass whose ops make tensors of its class."},
     {"structure", (PyCFunction)(void (*)(void))structure, METH_FASTCALL,

@@ -33,6 +33,7 @@ from xla_dtensor.sharding import ShardingSpec
 
 CONSTRAINT, UNPAD, PAD = "sharding_constraint", "unpad", "pad"
 _c_constrain_stored = native.MODULE.constrain_stored if native.ON else None
+_c_stored_shardings = native.MODULE.stored_shardings if native.ON else None
 _FNS: dict[tuple, Any] = {}
 
 
@@ -138,8 +139,20 @@ def stored_shardings(pending: list[Any]) -> tuple[list[Any], list[Any]]:
         >>> stored_shardings([])
         ([], [])
     """
-    out: list[Any] = []
     uneven: list[Any] = []
+    if _c_stored_shardings is not None:  # NOTE: ~0.3 ms of an AUTO-planned GPT step's sync in Python
+        got = _c_stored_shardings(pending, _LAID)
+        if got is not NotImplemented:
+            out, rest = got
+            for i in rest:
+                s = pending[i]
+                d = laid(s.layout, s.meta[0])
+                if d[2]:
+                    out[i] = d[1]
+                else:
+                    uneven.append(s)
+            return out, uneven
+    out: list[Any] = []
     get = _LAID.get
     for s in pending:
         spec = s.layout

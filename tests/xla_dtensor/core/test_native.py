@@ -455,6 +455,42 @@ def test_sharded_tensors_enter_c_and_get_what_their_python_entry_gives():
 
 
 @needs_native
+def test_stored_shardings_matches_python(monkeypatch):
+    """The C look-ups of layout.stored_shardings give what its Python loop gives: an even known layout's
+    sharding, None without a layout, and new or uneven layouts laid out by Python (uneven ones listed)."""
+    from xla_dtensor.core import layout as L
+    from xla_dtensor.sharding import ShardingSpec
+    from torch.distributed.tensor import Replicate, Shard
+    from mesh import Mesh
+    dev = xla_dtensor.device()
+    m = Mesh(range(8), (2, 4), ("data", "model"))
+    a, b = (ShardingSpec.from_placements(m, p, 2) for p in ([Shard(0), Replicate()], [Replicate(), Shard(1)]))
+    ts = [torch.ones(4, 8, device=dev) * k for k in range(4)] + [torch.ones(4, 6, device=dev)]  # 6 % 4: uneven
+    stores = [T.storage_of(t) for t in ts]
+    for s, layout in zip(stores, (a, b, None, a, b)):
+        s.layout = layout
+    L._LAID.clear()
+    L.laid(a, (4, 8))  # known; b at (4, 8) is new, b at (4, 6) uneven
+
+    def run(c_path: bool) -> tuple[list, list]:
+        L._LAID.clear()
+        L.laid(a, (4, 8))
+        if not c_path:
+            monkeypatch.setattr(L, "_c_stored_shardings", None)
+        return L.stored_shardings(list(stores))
+    got_c, got_p = run(True), run(False)
+    want = ([L.named(a), L.named(b), None, L.named(a), None], [stores[4]])
+    assert got_c == got_p == want
+    assert got_c[0][0] is L.named(a)
+    py = T.PYTHON["Storage"](stores[0].value, stores[0].meta)
+    assert native.MODULE.stored_shardings([py], L._LAID) is NotImplemented
+    monkeypatch.undo()
+    for s in stores:
+        s.layout = None
+    xla_dtensor.sync()
+
+
+@needs_native
 @pytest.mark.parametrize("consing", [True, False], ids=["lazy", "eager"])
 def test_constrain_stored_matches_python(consing, monkeypatch):
     from xla_dtensor.core import layout as L
