@@ -41,9 +41,15 @@ subclass) and on torch's CPU kernels.
 * in turn (``--case lockstep``): lazy on one device, torch eager, 2x4 Megatron and AUTO, each in its own
   process, one step each in turn (:func:`_lockstep`): the lazy / torch eager and sharded / one-device
   ratios without the drift between runs.
+* recording alone (``--record-only``; ``--case record_only --layout L`` per process): one device,
+  2x4 Megatron and AUTO each record the forward and backward ``--steps`` times and never sync, after
+  waiting for their warm-up steps: what recording costs per layout with no program running beside it
+  (on CPU the "devices" are the host's cores, and a sharded step's program runs on all of them).
+  Printed, not saved.
 
 Usage: PYTHONPATH=. python benchmarks/lazy_overhead.py [--opt adamw|sgd] [--label after]
 [--steps 10] [--rounds 3] [--no-save]
+[--lockstep-only | --record-only]
 
 Writes ``benchmarks/results/lazy_overhead.md`` (the section for ``--label``, other
 labels' sections kept) and ``benchmarks/results/lazy_overhead.png``. A benchmark, not a test.
@@ -268,6 +274,43 @@ def case_lazy(args: argparse.Namespace, layout: str = "one", backward_on_caller:
             "device_ms": 1e3 * statistics.median(device), "compiles": compiles}
 
 
+def case_record_only(args: argparse.Namespace) -> dict:
+    """``--layout``'s model: medians of the forward's and the backward's recording CPU ms (calling thread),
+    ``--steps`` times after 3 synced and waited warm-up steps, never synced (no device work)."""
+    import torch
+    torch.set_num_threads(1)
+    import xla_dtensor
+    model, opt, batch = (_setup(xla_dtensor.device(), args.opt) if args.layout == "one"
+                         else _setup_sharded(args.layout, args.opt))
+    for _ in range(3):
+        _step(model, opt, batch)
+        xla_dtensor.sync()
+    xla_dtensor.wait()
+    fwd, bwd = [], []
+    for _ in range(args.steps):
+        c0 = time.thread_time()
+        loss = model(*batch)
+        c1 = time.thread_time()
+        loss.backward()
+        c2 = time.thread_time()
+        fwd.append(1e3 * (c1 - c0))
+        bwd.append(1e3 * (c2 - c1))
+        opt.zero_grad(set_to_none=True)  # the graph goes with the loss and the gradients: nothing is computed
+        del loss
+    return {"forward_ms": statistics.median(fwd), "backward_ms": statistics.median(bwd)}
+
+
+def _record_only(args: argparse.Namespace) -> dict:
+    """:func:`case_record_only` for one device, 2x4 Megatron and AUTO, each in its own process."""
+    out = {}
+    for lay in ("one", "tp", "auto"):
+        cmd = [sys.executable, __file__, "--case", "record_only", "--layout", lay, "--opt", args.opt,
+               "--steps", str(args.steps)]
+        res = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        out[lay] = json.loads(res.strip().splitlines()[-1])
+    return out
+
+
 def case_lockstep(args: argparse.Namespace) -> dict:
     """One layout's model (``--layout``: ``torch`` is torch eager on CPU) stepping when the parent says so (a
     line on stdin), each step's host CPU ms and ops on a line of stdout; ``wait()`` after each step, outside
@@ -428,7 +471,7 @@ CASES = {"torch": case_torch, "lazy": case_lazy, "profile": case_profile,
          "lazy_engine": lambda a: case_lazy(a, backward_on_caller=False),
          "lazy_phased": lambda a: case_lazy(a, phased=True),
          "lazy_python": case_lazy,  # run with XLA_DTENSOR_NATIVE=0 (see _run_case)
-         "lockstep": case_lockstep}
+         "lockstep": case_lockstep, "record_only": case_record_only}
 
 
 def _run_case(name: str, args: argparse.Namespace) -> dict:
@@ -614,6 +657,8 @@ def main() -> None:
     p.add_argument("--layout", choices=["one", "torch", "tp", "auto", "phased"], default="one",
                    help="the lockstep case's model (phased: one device, launched in phases at backward())")
     p.add_argument("--lockstep-only", action="store_true", help="only the layouts in turn (printed, not saved)")
+    p.add_argument("--record-only", action="store_true",
+                   help="only recording per layout, with no program running (printed, not saved)")
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args()
     if args.case:
@@ -623,6 +668,9 @@ def main() -> None:
         return
     if args.lockstep_only:
         print(json.dumps(_lockstep(args), indent=1))
+        return
+    if args.record_only:
+        print(json.dumps(_record_only(args), indent=1))
         return
     t, lz, eng, py, ph = _alternated(args)
     pr = _run_case("profile", args)
