@@ -1933,6 +1933,38 @@ done:
 
 /* ---------------------------------------------------------------- sticky layouts (core.layout) */
 
+/* table[(id(s.layout), shape)] (borrowed) for a storage with a layout; NULL without one, or when the table
+ * has no entry for it (*err: 0), or on an error (*err: -1, an exception set). */
+static PyObject *
+layout_entry(StorageObject *s, PyObject *table, int *err)
+{
+    *err = 0;
+    PyObject *spec = s->layout;
+    if (spec == NULL || spec == Py_None)
+        return NULL;
+    if (!PyTuple_Check(s->meta) || PyTuple_GET_SIZE(s->meta) != 3) {
+        PyErr_SetString(PyExc_TypeError, "a storage's meta is (shape, dtype, stride)");
+        *err = -1;
+        return NULL;
+    }
+    PyObject *id = PyLong_FromVoidPtr(spec);
+    if (id == NULL) {
+        *err = -1;
+        return NULL;
+    }
+    PyObject *k = PyTuple_Pack(2, id, PyTuple_GET_ITEM(s->meta, 0));
+    Py_DECREF(id);
+    if (k == NULL) {
+        *err = -1;
+        return NULL;
+    }
+    PyObject *e = PyDict_GetItemWithError(table, k);
+    Py_DECREF(k);
+    if (e == NULL && PyErr_Occurred())
+        *err = -1;
+    return e;
+}
+
 /* constrain_stored(pending, table, kind, fn): each storage of pending whose layout has an entry
  * table[(id(layout), shape)] = (layout, sharding, key, key_hash) gets its value wrapped in a constraint
  * node (op kind, that key, fn) with that sharding, unless its value is one already; returns the storages
@@ -1958,20 +1990,9 @@ constrain_stored(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyObject *spec = s->layout;
         if (spec == NULL || spec == Py_None)
             continue;
-        if (!PyTuple_Check(s->meta) || PyTuple_GET_SIZE(s->meta) != 3) {
-            PyErr_SetString(PyExc_TypeError, "a storage's meta is (shape, dtype, stride)");
-            goto fail;
-        }
-        PyObject *id = PyLong_FromVoidPtr(spec);
-        if (id == NULL)
-            goto fail;
-        PyObject *k = PyTuple_Pack(2, id, PyTuple_GET_ITEM(s->meta, 0));
-        Py_DECREF(id);
-        if (k == NULL)
-            goto fail;
-        PyObject *e = PyDict_GetItemWithError(table, k);
-        Py_DECREF(k);
-        if (e == NULL && PyErr_Occurred())
+        int err;
+        PyObject *e = layout_entry(s, table, &err);
+        if (err < 0)
             goto fail;
         if (e == NULL || !PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 4 || PyTuple_GET_ITEM(e, 0) != spec) {
             if (PyList_Append(rest, (PyObject *)s) < 0)
@@ -2040,20 +2061,9 @@ stored_shardings(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             PyList_SET_ITEM(out, i, Py_NewRef(Py_None));
             continue;
         }
-        if (!PyTuple_Check(s->meta) || PyTuple_GET_SIZE(s->meta) != 3) {
-            PyErr_SetString(PyExc_TypeError, "a storage's meta is (shape, dtype, stride)");
-            goto fail;
-        }
-        PyObject *id = PyLong_FromVoidPtr(spec);
-        if (id == NULL)
-            goto fail;
-        PyObject *k = PyTuple_Pack(2, id, PyTuple_GET_ITEM(s->meta, 0));
-        Py_DECREF(id);
-        if (k == NULL)
-            goto fail;
-        PyObject *e = PyDict_GetItemWithError(table, k);
-        Py_DECREF(k);
-        if (e == NULL && PyErr_Occurred())
+        int err;
+        PyObject *e = layout_entry(s, table, &err);
+        if (err < 0)
             goto fail;
         if (e != NULL && PyTuple_Check(e) && PyTuple_GET_SIZE(e) == 4 && PyTuple_GET_ITEM(e, 0) == spec
                 && PyTuple_GET_ITEM(e, 2) == Py_True) {
