@@ -179,10 +179,8 @@ def lower(plan: Plan, donate_idx: tuple[int, ...] = (), order: list[int] | None 
         # a backward launched on its own (core.phases) reads activations autograd has freed; XLA reuses
         # what it can and jax frees the rest, which it warns about
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        if out_shardings is not None:
-            return jax.jit(program, donate_argnums=donate_idx, out_shardings=out_shardings).lower(
-                *arguments(plan, order))
-        return jax.jit(program, donate_argnums=donate_idx).lower(*arguments(plan, order))
+        given = {} if out_shardings is None else {"out_shardings": out_shardings}
+        return jax.jit(program, donate_argnums=donate_idx, **given).lower(*arguments(plan, order))
 
 
 def arg_order(n_leaves: int, donated: set[int], partners: Iterable[int | None]) -> list[int]:
