@@ -178,6 +178,12 @@ def _floor(model: Any, opt: Any, batch: tuple, steps: int) -> dict:
             "ratio": statistics.median(floor) / statistics.median(own)}
 
 
+def _setup_on(layout: str, opt_name: str) -> tuple[Any, Any, Any]:
+    """The benchmark model on the ``jax`` device: ``"one"`` device, else :func:`_setup_sharded`'s row."""
+    import xla_dtensor
+    return _setup(xla_dtensor.device(), opt_name) if layout == "one" else _setup_sharded(layout, opt_name)
+
+
 def _setup_sharded(row: str, opt_name: str) -> tuple[Any, Any, Any]:
     """The benchmark model laid out as ``spmd_step``'s row ``row`` ("tp": 2x4 Megatron, "auto")."""
     import torch
@@ -232,7 +238,7 @@ def case_lazy(args: argparse.Namespace, layout: str = "one", backward_on_caller:
     xla_dtensor.config.backward_on_caller = backward_on_caller  # before the thread's first op
     xla_dtensor.config.launch_at_backward = phased
     dev = xla_dtensor.device()
-    model, opt, batch = _setup(dev, args.opt) if layout == "one" else _setup_sharded(layout, args.opt)
+    model, opt, batch = _setup_on(layout, args.opt)
     clock = _host_clock(model, opt, batch, xla_dtensor.sync)
     cpu, host_wall, ops = [], [], []
     for i in range(3 + args.steps):  # back to back: each sync() returns before its program ends
@@ -280,8 +286,7 @@ def case_record_only(args: argparse.Namespace) -> dict:
     import torch
     torch.set_num_threads(1)
     import xla_dtensor
-    model, opt, batch = (_setup(xla_dtensor.device(), args.opt) if args.layout == "one"
-                         else _setup_sharded(args.layout, args.opt))
+    model, opt, batch = _setup_on(args.layout, args.opt)
     for _ in range(3):
         _step(model, opt, batch)
         xla_dtensor.sync()
@@ -302,13 +307,7 @@ def case_record_only(args: argparse.Namespace) -> dict:
 
 def _record_only(args: argparse.Namespace) -> dict:
     """:func:`case_record_only` for one device, 2x4 Megatron and AUTO, each in its own process."""
-    out = {}
-    for lay in ("one", "tp", "auto"):
-        cmd = [sys.executable, __file__, "--case", "record_only", "--layout", lay, "--opt", args.opt,
-               "--steps", str(args.steps)]
-        res = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        out[lay] = json.loads(res.strip().splitlines()[-1])
-    return out
+    return {lay: _run_case("record_only", args, lay) for lay in ("one", "tp", "auto")}
 
 
 def case_lockstep(args: argparse.Namespace) -> dict:
@@ -325,8 +324,7 @@ def case_lockstep(args: argparse.Namespace) -> dict:
         from xla_dtensor import metrics
         if args.layout == "phased":
             xla_dtensor.config.launch_at_backward = True
-        model, opt, batch = (_setup(xla_dtensor.device(), args.opt) if args.layout in ("one", "phased")
-                             else _setup_sharded(args.layout, args.opt))
+        model, opt, batch = _setup_on("one" if args.layout == "phased" else args.layout, args.opt)
         clock, sync, wait = _host_clock(model, opt, batch, xla_dtensor.sync), xla_dtensor.sync, xla_dtensor.wait
         ops = lambda: metrics.counters()["ops_recorded"]  # noqa: E731
     print("ready", flush=True)
@@ -474,8 +472,10 @@ CASES = {"torch": case_torch, "lazy": case_lazy, "profile": case_profile,
          "lockstep": case_lockstep, "record_only": case_record_only}
 
 
-def _run_case(name: str, args: argparse.Namespace) -> dict:
+def _run_case(name: str, args: argparse.Namespace, layout: str | None = None) -> dict:
     cmd = [sys.executable, __file__, "--case", name, "--opt", args.opt, "--steps", str(args.steps)]
+    if layout is not None:
+        cmd += ["--layout", layout]
     env = {**os.environ, "XLA_DTENSOR_NATIVE": "0"} if name == "lazy_python" else None
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
