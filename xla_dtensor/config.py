@@ -81,6 +81,12 @@ class Config:
             share the host's cores, the launches mostly add host time (1.24x a 12-layer step's).
             Never under ``xla_dtensor.compile`` or the AUTO policy. See
             ``xla_dtensor/core/phases.py``.
+        pack_state: at ``sync()``, the updated tensors whose layout is known (one device, or
+            an even sticky layout) leave the step's program as one array per (dtype, layout),
+            and the next program takes those arrays, not one per tensor (``True``, the
+            default): JAX's host work per array is what a lazy step pays most for beyond
+            recording. A tensor read on its own (a host read, ``compile``, a checkpoint)
+            unpacks its whole group once. See ``xla_dtensor/core/packs.py``.
     """
 
     cpu_fallback: bool = False
@@ -97,6 +103,7 @@ class Config:
     gc_threshold: int | None = 20_000
     backward_on_caller: bool = True
     launch_at_backward: bool | None = None
+    pack_state: bool = True
 
     def __setattr__(self, name: str, value: object) -> None:
         if name not in type(self).__dataclass_fields__:
@@ -107,7 +114,7 @@ class Config:
         if name in ("compile_check_every", "recompile_warn_limit") and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-        if name in ("fused_attention", "fused_linear", "fused_optimizers", "backward_on_caller") and \
+        if name in ("fused_attention", "fused_linear", "fused_optimizers", "backward_on_caller", "pack_state") and \
                 not isinstance(value, bool):
             raise ValueError(f"{name} must be True or False, got {value!r}")
         if name == "launch_at_backward" and value not in (None, True, False):

@@ -125,6 +125,40 @@ node_repr(NodeObject *n)
     return PyUnicode_FromFormat("Node(%S, %zd inputs, hash=%s)", n->op, PyTuple_GET_SIZE(n->inputs), hex);
 }
 
+/* A packed member's data (core.packs): a leaf whose data is an instance of packed_type reads as
+ * packed_read(node), its own array unpacked from the pack; ``raw`` is the stored object. */
+static PyObject *packed_type = NULL, *packed_read = NULL;
+
+static PyObject *
+node_get_data(NodeObject *n, void *closure)
+{
+    if (packed_type != NULL && (PyObject *)Py_TYPE(n->data) == packed_type)
+        return PyObject_CallOneArg(packed_read, (PyObject *)n);
+    return Py_NewRef(n->data);
+}
+
+static int
+node_set_data(NodeObject *n, PyObject *value, void *closure)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "a node's data cannot be deleted");
+        return -1;
+    }
+    Py_SETREF(n->data, Py_NewRef(value));
+    return 0;
+}
+
+static PyObject *
+configure_packed(PyObject *self, PyObject *args)
+{
+    PyObject *type, *read;
+    if (!PyArg_ParseTuple(args, "OO", &type, &read))
+        return NULL;
+    Py_XSETREF(packed_type, Py_NewRef(type));
+    Py_XSETREF(packed_read, Py_NewRef(read));
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 node_is_leaf(NodeObject *n, void *closure)
 {
@@ -137,7 +171,7 @@ static PyMemberDef node_members[] = {
     {"inputs", T_OBJECT, offsetof(NodeObject, inputs), READONLY, NULL},
     {"hash", T_OBJECT, offsetof(NodeObject, hash), READONLY, NULL},
     {"fn", T_OBJECT, offsetof(NodeObject, fn), READONLY, NULL},
-    {"data", T_OBJECT, offsetof(NodeObject, data), 0, NULL},
+    {"raw", T_OBJECT, offsetof(NodeObject, data), READONLY, NULL},
     {"sharding", T_OBJECT, offsetof(NodeObject, sharding), 0, NULL},
     {"seq", T_LONGLONG, offsetof(NodeObject, seq), READONLY, NULL},
     {"tix", T_LONGLONG, offsetof(NodeObject, tix), 0, NULL},
@@ -147,6 +181,7 @@ static PyMemberDef node_members[] = {
 
 static PyGetSetDef node_getset[] = {
     {"is_leaf", (getter)node_is_leaf, NULL, "Whether this node is a leaf (no fn).", NULL},
+    {"data", (getter)node_get_data, (setter)node_set_data, "A leaf's value (a packed member's own array).", NULL},
     {NULL}
 };
 
@@ -2092,6 +2127,8 @@ fail:
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
+    {"configure_packed", (PyCFunction)configure_packed, METH_VARARGS,
+     "configure_packed(type, read): a leaf whose data is of ``type`` reads as read(node) (core.packs)."},
     {"configure_ir", (PyCFunction)configure_ir, METH_VARARGS,
      "configure_ir(ir_globals, state, counts): bind ir.py's state."},
     {"configure_signature", (PyCFunction)configure_signature, METH_VARARGS,

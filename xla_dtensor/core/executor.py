@@ -22,7 +22,7 @@ import torch
 
 from xla_dtensor import metrics
 from xla_dtensor.config import config
-from xla_dtensor.core import index_checks, native, plan_cache, state, threads
+from xla_dtensor.core import index_checks, native, packs, plan_cache, state, threads
 from xla_dtensor.core.dtypes import to_jax
 from xla_dtensor.core.ir import DATA, Node, clear_cons, data_leaf, tape
 from xla_dtensor.core.peer_errors import guard
@@ -164,15 +164,19 @@ def make_plan(roots: list[Node]) -> Plan:
 
 
 def lower(plan: Plan, donate_idx: tuple[int, ...] = (), order: list[int] | None = None,
-          out_shardings: tuple | None = None) -> Any:
+          out_shardings: tuple | None = None, packed_in: packs.Inputs | None = None,
+          packed_out: packs.Outputs | None = None) -> Any:
     """``plan`` as one jitted JAX function, lowered for its leaves' arrays (``jax.stages.Lowered``).
 
     ``order``: the leaves' positions in argument order (None: ``plan.leaves`` order);
-    ``donate_idx`` counts in argument order; ``out_shardings``: per root, its sharding (None: as
-    XLA propagates).
+    ``donate_idx`` counts in argument order; ``out_shardings``: per output, its sharding (None: as
+    XLA propagates); ``packed_in``: the arguments with packed members' packs (:mod:`.packs`);
+    ``packed_out``: the roots that leave as packs.
     """
     program = make_program(plan.fns, plan.wiring, plan.shardings, plan.outs)
-    if order is not None:
+    if packed_in is not None or packed_out is not None:
+        program = packs.program(program, order, packed_in, packed_out, donate_idx)
+    elif order is not None:
         program = _permuted(program, order)
     with warnings.catch_warnings():
         # NOTE: every leaf buffer no live tensor holds is donated, not only those an output can take over:
@@ -180,7 +184,8 @@ def lower(plan: Plan, donate_idx: tuple[int, ...] = (), order: list[int] | None 
         # what it can and jax frees the rest, which it warns about
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         given = {} if out_shardings is None else {"out_shardings": out_shardings}
-        return jax.jit(program, donate_argnums=donate_idx, **given).lower(*arguments(plan, order))
+        args = arguments(plan, order) if packed_in is None else packed_in.args
+        return jax.jit(program, donate_argnums=donate_idx, **given).lower(*args)
 
 
 def arg_order(n_leaves: int, donated: set[int], partners: Iterable[int | None]) -> list[int]:
@@ -199,7 +204,11 @@ def arg_order(n_leaves: int, donated: set[int], partners: Iterable[int | None]) 
     return kept + paired + [i for i in sorted(donated) if i not in seen]
 
 
+_RAW = operator.attrgetter("raw")
+
+
 def arguments(plan: Plan, order: list[int] | None) -> list[Any]:
+    """The arrays of ``plan``'s leaves in argument order (``order``; None: plan order), packed members unpacked."""
     leaves = plan.leaves
     return [n.data for n in leaves] if order is None else [leaves[i].data for i in order]
 
@@ -338,26 +347,37 @@ _ORDERS: dict[tuple, tuple] = {}
 
 @guard
 def execute(roots: list[Node], donate: set[int] | None = None, partners: list[int | None] | None = None,
-            plan: Plan | None = None, donated: list[int] | None = None, out_shardings: tuple | None = None
-            ) -> list[Any]:
+            plan: Plan | None = None, donated: list[int] | None = None, out_shardings: tuple | None = None,
+            packed_out: packs.Outputs | None = None, kept_packs: set[int] | None = None) -> list[Any]:
     """Compute ``roots``; returns their arrays.
 
     ``donate``: ids of leaves whose buffers may be reused; ``partners``: per root, the
     id of the leaf it overwrites (see :func:`arg_order`); ``plan``: ``make_plan(roots)`` if the
     caller has it; ``donated``: instead of ``donate``, the positions in ``plan.leaves`` of the
-    donatable leaves (ascending); ``out_shardings``: per root, the sharding to compute it in
-    (None: as XLA propagates).
+    donatable leaves (ascending); ``out_shardings``: per output, the sharding to compute it in
+    (None: as XLA propagates). ``packed_out``: the roots that leave as packs (then the arrays are
+    the other roots', the packs', then the rest); ``kept_packs``: ids of the packs read that a
+    live storage still holds (None: donate no pack).
     """
     t0 = time.perf_counter()
     plan, order, donate_idx, key = layout(roots, donate, partners, plan, donated)
+    leaves = plan.leaves if order is None else list(map(plan.leaves.__getitem__, order))
+    raws = list(map(_RAW, leaves))
+    packed_in = packs.Inputs(leaves, raws) if packs.Pack in set(map(type, raws)) else None
+    if packed_in is not None:
+        donate_idx = packed_in.donated(donate_idx, kept_packs)
+        raws = packed_in.args
+        key = (key, packed_in.sig, donate_idx)
+    if packed_out is not None:
+        key = (key, packed_out.sig)
     if out_shardings is not None:
         key = (key, out_shardings)  # NOTE: a NamedSharding caches its hash: ~15 us for a GPT step's 590
     compiled = lookup(key)
     fresh = compiled is None
     if fresh:
-        compiled = lower(plan, donate_idx, order, out_shardings).compile()
+        compiled = lower(plan, donate_idx, order, out_shardings, packed_in, packed_out).compile()
         store(key, compiled)
-    result = compiled(*placed_scalars(compiled, key, arguments(plan, order)))
+    result = compiled(*placed_scalars(compiled, key, raws))
     global _RAN
     _RAN = compiled
     metrics._COUNTS["executions"] += 1
@@ -444,13 +464,14 @@ def _wrapped(pending: list[Storage], before: list[Node]) -> set[int]:
     return skip
 
 
-def sync(wait: bool = False, *, pre_hooks: bool = True, all_threads: bool = False) -> None:
+def sync(wait: bool = False, *, pre_hooks: bool = True, all_threads: bool = False, pack: bool = True) -> None:
     """Execute every live pending tensor in one program and rebind them to the results.
 
     With several threads on the device, only the calling thread's pending tensors (and
     those of finished threads); ``all_threads=True``: every thread's.
     ``pre_hooks=False``: skip the ``PRE_SYNC`` hooks (the caller ran them on every pending
-    storage already: ``xla_dtensor.compile`` after recording a call).
+    storage already: ``xla_dtensor.compile`` after recording a call). ``pack=False``: each value its own
+    array (:mod:`.packs`; ``compile``'s lazy calls run their traced call's programs).
 
     Example:
         >>> import torch, xla_dtensor
@@ -458,7 +479,7 @@ def sync(wait: bool = False, *, pre_hooks: bool = True, all_threads: bool = Fals
         >>> xla_dtensor.sync()
     """
     with threads.held():
-        arrays, checks, checked, me = _sync(pre_hooks, all_threads)
+        arrays, checks, checked, me = _sync(pre_hooks, all_threads, pack)
     if wait and arrays:
         _await(arrays)
     if index_checks.LAUNCHED:
@@ -469,7 +490,7 @@ def sync(wait: bool = False, *, pre_hooks: bool = True, all_threads: bool = Fals
         index_checks.launched(checks, checked, me)
 
 
-def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any], int | None]:
+def _sync(pre_hooks: bool, all_threads: bool, pack: bool = True) -> tuple[list[Any], list, list[Any], int | None]:
     """:func:`sync` under the lock: (the pending storages' arrays, the index checks run, their
     arrays, the thread whose index checks they are: ``None`` while one thread uses the device).
 
@@ -481,7 +502,8 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
     stores = live()
     fns = list(map(_VALUE_FN, stores))  # (C-level passes: a GPT step holds ~800 storages)
     pending: list[Storage] = list(itertools.compress(stores, fns))
-    kept: set[int] = set(map(id, map(_VALUE, itertools.compress(stores, map(operator.not_, fns)))))
+    clean = list(map(_VALUE, itertools.compress(stores, map(operator.not_, fns))))
+    kept: set[int] = set(map(id, clean))
     pending, others = threads.split(pending, _owner, None if all_threads else owner)
     foreign: list[Node] = [s.value for s in others]  # other threads' pending values: their leaves are not donated
     checks, check_roots = index_checks.take(owner) if index_checks.PENDING else ([], [])
@@ -502,19 +524,42 @@ def _sync(pre_hooks: bool, all_threads: bool) -> tuple[list[Any], list, list[Any
     plan = plan_cache.plan(roots, make_plan)
     if deferred:
         plan = _deferred(plan, pending, before)
+    kept_packs: set[int] | None = {id(r) for r in map(_RAW, clean) if type(r) is packs.Pack}
     if foreign or index_checks.PENDING:
         kept |= threads.reached_leaves(foreign + [c.node for c in index_checks.PENDING])
+        kept_packs = None
     firsts = pending if where is None else _firsts(pending, where, len(values))
     donors = list(map(_DONOR, firsts))
-    outsh = None if held is None else held[0] + (None,) * len(check_roots)
-    arrays = execute(roots, None, donors + [None] * len(check_roots), plan, _donated(plan, kept), outsh)
-    clear_cons()  # the graph it indexes is computed; the next step starts a fresh table
+    metas = list(map(_META, firsts))
     n = len(values)
-    leaves = out_leaves(arrays[:n], list(map(_META, firsts)))
+    packed = _packing(plan, metas, held, pre_hooks and pack)
+    if packed is None:
+        outsh = None if held is None else held[0] + (None,) * len(check_roots)
+    else:
+        outsh = packed.shardings(None if held is None else held[0], len(check_roots))
+    arrays = execute(roots, None, donors + [None] * len(check_roots), plan, _donated(plan, kept), outsh,
+                     packed, kept_packs)
+    clear_cons()  # the graph it indexes is computed; the next step starts a fresh table
+    if packed is None:
+        leaves = out_leaves(arrays[:n], metas)
+        done, checked = arrays[:n], arrays[n:]
+    else:
+        k, g = len(packed.kept), len(packed.groups)
+        leaves = packed.leaves(out_leaves(arrays[:k], [metas[i] for i in packed.kept]), arrays[k:k + g], _data_leaves)
+        done, checked = arrays[:k + g], arrays[k + g:]
     _rebind(pending, where, leaves)  # storages that held one value share its leaf; the leaves taped
     for hook in POST_SYNC:
         hook(pending)
-    return arrays[:n], checks, arrays[n:], owner
+    return done, checks, checked, owner
+
+
+def _packing(plan: Plan, metas: list[tuple], held: tuple | None, pack: bool) -> packs.Outputs | None:
+    """Which of a sync's values leave its program packed (:mod:`.packs`), or None: none (packing is off,
+    the caller asked for none, or ``compile`` records)."""
+    if not config.pack_state or not pack or STATE.capturing:
+        return None
+    return packs.outputs(plan.struct, plan.outs, metas, None if held is None else held[0],
+                         packs.one_device(plan.struct, plan.leaves))
 
 
 _RAN: Any = None  # the executable execute() ran last (under the lock)
@@ -634,7 +679,7 @@ def _donated(plan: Plan, held: set[int]) -> list[int]:
     src = plan.source
     cands = None if src is None else _CANDIDATES.get(id(src))
     if cands is None or cands[0] is not src:
-        idx = [i for i, n in enumerate(leaves) if n.op == DATA and n.key[1] != () and isinstance(n.data, jax.Array)]
+        idx = [i for i, n in enumerate(leaves) if n.op == DATA and n.key[1] != () and isinstance(n.raw, jax.Array)]
         if src is None:
             return [i for i in idx if id(leaves[i]) not in held]
         if len(_CANDIDATES) >= 64:
@@ -673,7 +718,7 @@ def foreign_reads(arrays: list[Any]) -> bool:
         return False
     ids = {id(a) for a in arrays}
     from xla_dtensor.core.ir import topo_order
-    return any(n.fn is None and id(n.data) in ids for n in topo_order(roots))
+    return any(n.fn is None and id(packs.array_of(n)) in ids for n in topo_order(roots))
 
 
 mark_step = sync
@@ -683,7 +728,7 @@ mark_step = sync
 def wait() -> None:
     """Block until every computation launched so far has finished."""
     with threads.held():
-        arrays = [s.value.data for s in live() if s.value.fn is None and isinstance(s.value.data, jax.Array)]
+        arrays = [a for a in (packs.array_of(s.value) for s in live() if s.value.fn is None) if isinstance(a, jax.Array)]
     _await(arrays)
     index_checks.verify_launched(threads.me() if STATE.multi else None)
 

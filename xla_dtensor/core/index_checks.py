@@ -267,10 +267,11 @@ def verify(checks: list[Check], arrays: list[Any]) -> None:
 def runnable(checks: list[Check]) -> list[Check]:
     """``checks`` whose inputs still exist (a compiled replay may have donated a traced leaf's buffer)."""
     from xla_dtensor.core.ir import topo_order
+    from xla_dtensor.core.packs import array_of
     keep = []
     for c in checks:
         leaves = [n for n in topo_order([c.node]) if n.fn is None]
-        if any(getattr(n.data, "is_deleted", lambda: False)() for n in leaves):
+        if any(getattr(array_of(n), "is_deleted", lambda: False)() for n in leaves):
             warnings.warn(f"check_indices: {c.op} at {c.where} was not checked (its inputs were consumed by a "
                           "compiled program)", stacklevel=3)
             continue

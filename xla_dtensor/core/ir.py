@@ -27,16 +27,18 @@ class Node:
 
     ``fn(*input_values)`` computes it inside the traced JAX function; leaves have
     ``fn is None`` and carry ``data`` (a ``jax.Array`` / numpy array, or a Python scalar
-    for parameters). ``sharding`` is an optional constraint applied after ``fn``. ``seq``
+    for parameters; ``raw`` is the object stored, which for a member of a packed array is its
+    :class:`~xla_dtensor.core.packs.Member`, and ``data`` then unpacks it). ``sharding`` is an
+    optional constraint applied after ``fn``. ``seq``
     counts creation: a node's inputs have smaller ``seq`` (recording order, which the AUTO
     graph writer keeps so layer clustering sees forward, backward and optimizer in turn).
     """
 
-    __slots__ = ("op", "key", "inputs", "hash", "fn", "data", "sharding", "seq", "tix", "__weakref__")
+    __slots__ = ("op", "key", "inputs", "hash", "fn", "raw", "sharding", "seq", "tix", "__weakref__")
 
     def __init__(self, op: Any, key: Any, inputs: tuple[Node, ...], h: int,
                  fn: Callable[..., Any] | None, data: Any = None) -> None:
-        self.op, self.key, self.inputs, self.hash, self.fn, self.data = op, key, inputs, h, fn, data
+        self.op, self.key, self.inputs, self.hash, self.fn, self.raw = op, key, inputs, h, fn, data
         self.sharding = None
         self.seq = next(_SEQ)
         self.tix = -1  # its place on the tape (see recorded), when taped
@@ -45,9 +47,22 @@ class Node:
     def is_leaf(self) -> bool:
         return self.fn is None
 
+    @property
+    def data(self) -> Any:
+        raw = self.raw
+        return PACKED[1](self) if type(raw) is PACKED[0] else raw
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        self.raw = value
+
     def __repr__(self) -> str:
         kind = "leaf" if self.fn is None else f"{len(self.inputs)} inputs"
         return f"Node({self.op}, {kind}, hash={self.hash & 0xffffffff:08x})"
+
+
+# (the type of a packed member's raw data, the function reading its array): set by core.packs
+PACKED: list[Any] = [None, None]
 
 
 # NOTE: a plain dict, emptied at every barrier (see clear_cons) and when it passes CONS_LIMIT

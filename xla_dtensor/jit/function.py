@@ -154,7 +154,7 @@ class CompiledFunction:
             share_equal_scalars(flat)
         with torch.autograd.set_multithreading_enabled(False):  # NOTE: backward here: torch's thread waits for the lock
             out = self._fn(*args, **kwargs)
-        executor.sync()
+        executor.sync(pack=False)  # NOTE: the traced call's programs take and give each state tensor alone
         _mark_clean()
         return out
 

@@ -7,11 +7,14 @@ one same-shaped parameter's buffer to another (XLA then copies them in and out).
 """
 from __future__ import annotations
 
+import pytest
 import torch
 
 import xla_dtensor
 from autoshard.models import GPT2, GPT2Config
+from xla_dtensor.core import packs
 from xla_dtensor.core.executor import materialize
+from xla_dtensor.core.tensor import value_of
 
 
 def _pointers(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]:
@@ -43,7 +46,16 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -
     return loss
 
 
-def test_lazy_step_updates_each_state_tensor_in_its_own_buffer() -> None:
+@pytest.fixture
+def unpacked():
+    """State as one array per tensor (packing off: xla_dtensor/core/packs.py), as a tensor over
+    ``packs.MAX_BYTES`` always is."""
+    xla_dtensor.config.pack_state = False
+    yield
+    xla_dtensor.config.pack_state = True
+
+
+def test_lazy_step_updates_each_state_tensor_in_its_own_buffer(unpacked: None) -> None:
     model, opt, x = _setup()
     for _ in range(2):  # the second step creates no new state: from here on every buffer is donated
         _step(model, opt, x)
@@ -56,6 +68,30 @@ def test_lazy_step_updates_each_state_tensor_in_its_own_buffer() -> None:
     assert len(before) > 3 * len(list(model.parameters())) - 1  # parameters, exp_avg, exp_avg_sq
     moved = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
     assert not moved, f"state tensors updated outside their own buffers: {sorted(moved)}"
+
+
+def test_lazy_step_updates_its_packs_in_their_own_buffers() -> None:
+    """Packed state: each step writes the new pack over the old one (donated), in place."""
+    model, opt, x = _setup()
+    for _ in range(2):
+        _step(model, opt, x)
+        xla_dtensor.sync()
+    found = {id(value_of(t).raw): value_of(t).raw for t in _state(model, opt)}
+    assert all(type(p) is packs.Pack for p in found.values()), "every state tensor is packed"
+    before = {p.layout: p.array.unsafe_buffer_pointer() for p in found.values()}
+    _step(model, opt, x)
+    xla_dtensor.sync()
+    xla_dtensor.wait()
+    now = {id(value_of(t).raw): value_of(t).raw for t in _state(model, opt)}
+    after = {p.layout: p.array.unsafe_buffer_pointer() for p in now.values()}
+    assert before and after == before
+
+
+def _state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    out = list(model.parameters())
+    for p in model.parameters():
+        out += [v for v in opt.state[p].values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+    return out
 
 
 def test_compiled_step_updates_each_state_tensor_in_its_own_buffer() -> None:

@@ -1,0 +1,421 @@
+"""Packed state: a step's updated tensors leave its program as one array per (dtype, layout).
+
+JAX does host work for every array a program takes and returns, and for every array that
+dies (``benchmarks/jax_array_costs.py``: 588 AdamW state tensors of the 12-layer benchmark
+GPT cost 0.98 ms a step on one device and 2.53 ms split 8 ways; packed by layout, 0.09 and
+0.15 ms). So at ``sync()`` the pending values are grouped by dtype and layout, and each
+group leaves the program as one **pack** of shape ``(rows, columns)``:
+
+* a value is packed when its layout is known before the program runs: the sticky one a
+  sync hook holds it in (``mark_sharding``, ``distribute_tensor``, FSDP, AUTO's plan), or the
+  one device the whole program runs on; values XLA lays out on several devices stay arrays
+  of their own (:func:`outputs` says why);
+* 0-d values, and values over :data:`MAX_BYTES`, stay arrays of their own;
+* a tensor split ``k`` ways goes in shard-major, as ``(k, numel / k)``: row ``i`` holds what
+  device ``i`` of the pack's row axes holds, so packing and unpacking move nothing between
+  devices; every tensor of a pack is split over the same mesh axes, in the same order;
+* each storage's new value is a device-data leaf whose ``raw`` is its :class:`Pack` and whose
+  key's fifth entry is its place in it; the next program takes the pack as one argument,
+  slices its members inside (:class:`Inputs`) and, when the pack is donated, writes the new
+  pack of the same layout over it in place (:meth:`Layout.pack_into`);
+* anything else that reads such a leaf's ``data`` (a host read, eager mode, ``compile``'s
+  replay, a checkpoint) gets its own array: the whole pack is unpacked in one program, once,
+  and the arrays are kept while the pack lives (its members' memory twice, until the next
+  sync rewrites them).
+
+A pack is donated to the next program when no live storage outside that program's pending
+writes holds one of its members, and no other thread's pending work reads one
+(``executor._sync``). Packing is off under ``compile``'s capture;
+``xla_dtensor.config.pack_state = False`` turns it off.
+
+Example:
+    >>> import torch, xla_dtensor
+    >>> from xla_dtensor.core.tensor import value_of
+    >>> a, b = torch.zeros(4, device=xla_dtensor.device()), torch.ones(4, device=xla_dtensor.device())
+    >>> xla_dtensor.sync()
+    >>> _ = a.add_(1), b.mul_(3)
+    >>> xla_dtensor.sync()
+    >>> value_of(a).raw is value_of(b).raw, b.cpu().tolist()
+    (True, [3.0, 3.0, 3.0, 3.0])
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import operator
+from typing import Any, Callable
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from xla_dtensor.core import ir
+from xla_dtensor.core.dtypes import to_jax
+from xla_dtensor.core.ir import DATA, canonical
+
+MIN_MEMBERS = 2  # a group of one is left as it is
+_KEY, _INDEX = operator.attrgetter("key"), operator.itemgetter(4)
+
+
+class Layout:
+    """Where each member of a pack lies: shapes, shard-major splits, column offsets, shardings.
+
+    One object per (group key, member shapes): programs are cached by its identity.
+    """
+
+    __slots__ = ("dtype", "sharding", "rows", "shapes", "splits", "offsets", "sizes", "member_shardings",
+                 "keys", "_unpack_all", "__weakref__")
+
+    def __init__(self, dtype: Any, sharding: Any, rows: int, shapes: tuple, splits: tuple,
+                 member_shardings: tuple, torch_dtype: Any) -> None:
+        self.dtype, self.sharding, self.rows, self.shapes, self.splits = dtype, sharding, rows, shapes, splits
+        self.member_shardings = member_shardings
+        self.sizes = tuple(math.prod(s) // rows for s in shapes)
+        self.offsets = tuple(itertools.accumulate(self.sizes, initial=0))[:-1]
+        # each member's leaf key (its index fifth) and hash (that of the member's own array's leaf)
+        self.keys = [((DATA, shape, torch_dtype, sh, i), hash((DATA, shape, torch_dtype, canonical(sh))))
+                     for i, (shape, sh) in enumerate(zip(shapes, member_shardings))]
+        self._unpack_all: Callable[[Any], tuple] | None = None
+
+    @property
+    def out_sharding(self) -> Any:
+        """The pack's sharding as a program's output: None (as XLA places it) on one device.
+
+        NOTE: an output given a ``SingleDeviceSharding`` is committed to its device, and a later program that
+        mixes it with arrays on the mesh fails; a single-device program of uncommitted arrays leaves its
+        outputs uncommitted, as an array per tensor was."""
+        return None if isinstance(self.sharding, SingleDeviceSharding) else self.sharding
+
+    @property
+    def columns(self) -> int:
+        return sum(self.sizes)
+
+    def pack(self, values: list[Any]) -> Any:
+        """The pack of ``values`` (traced; the program's output sharding is :attr:`sharding`)."""
+        for v, shape in zip(values, self.shapes):
+            if tuple(v.shape) != shape:  # NOTE: a bug, never silent: a value's shape is its storage's
+                raise AssertionError(f"packing a value of shape {tuple(v.shape)} as {shape}")
+        rows = [_to_rows(v, split, self.rows) for v, split in zip(values, self.splits)]
+        return jax.numpy.concatenate(rows, axis=1) if len(rows) > 1 else rows[0]
+
+    def pack_into(self, old: Any, values: list[Any]) -> Any:
+        """:meth:`pack` written over ``old``, a pack of this layout (donated: XLA updates it in place)."""
+        for v, split, off in zip(values, self.splits, self.offsets):
+            old = jax.lax.dynamic_update_slice_in_dim(old, _to_rows(v, split, self.rows).astype(old.dtype), off, axis=1)
+        return old
+
+    def unpack(self, pack: Any, i: int) -> Any:
+        """Member ``i`` of ``pack`` (traced), in its own layout."""
+        part = jax.lax.slice_in_dim(pack, self.offsets[i], self.offsets[i] + self.sizes[i], axis=1)
+        v = _from_rows(part, self.shapes[i], self.splits[i])
+        sh = self.member_shardings[i]
+        return v if isinstance(sh, SingleDeviceSharding) else jax.lax.with_sharding_constraint(v, sh)
+
+    def unpack_all(self, pack: Any) -> tuple:
+        """Every member of ``pack`` as its own array (one program, compiled once per layout)."""
+        if self._unpack_all is None:
+            n = len(self.shapes)
+            given = {} if self.out_sharding is None else {"out_shardings": self.member_shardings}
+            self._unpack_all = jax.jit(lambda p: tuple(self.unpack(p, i) for i in range(n)), **given)
+        return self._unpack_all(pack)
+
+
+def _to_rows(v: Any, split: tuple[int, ...], rows: int) -> Any:
+    """``v`` shard-major as ``(rows, numel / rows)``: dim ``d`` cut into ``split[d]`` blocks, the blocks' indices
+    first (row-major), so row ``r`` is the block device ``r`` of the pack's row axes holds."""
+    if rows == 1:
+        return v.reshape(1, -1)
+    cut = [x for d, k in zip(v.shape, split) for x in (k, d // k)]
+    n = len(split)
+    order = [2 * d for d in range(n)] + [2 * d + 1 for d in range(n)]
+    return v.reshape(cut).transpose(order).reshape(rows, -1)
+
+
+def _from_rows(part: Any, shape: tuple[int, ...], split: tuple[int, ...]) -> Any:
+    """The inverse of :func:`_to_rows`."""
+    if part.shape[0] == 1:
+        return part.reshape(shape)
+    n = len(shape)
+    blocks = list(split) + [d // k for d, k in zip(shape, split)]
+    order = [x for d in range(n) for x in (d, n + d)]
+    return part.reshape(blocks).transpose(order).reshape(shape)
+
+
+class Pack:
+    """One packed array of a sync's outputs: the raw data of each member's leaf."""
+
+    __slots__ = ("array", "layout", "arrays", "__weakref__")
+
+    def __init__(self, array: Any, layout: Layout) -> None:
+        self.array, self.layout = array, layout
+        self.arrays: tuple | None = None  # the members unpacked, once one was read
+
+    def __repr__(self) -> str:
+        return f"Pack({len(self.layout.shapes)} members, {self.layout.rows}x{self.layout.columns} {self.layout.dtype})"
+
+
+def read(node: Any) -> Any:
+    """A packed member's own array (``node.data``): its pack unpacked once, in one program."""
+    pack = node.raw
+    if pack.arrays is None:
+        if pack.array.is_deleted():
+            raise RuntimeError(f"{node!r} is a member of {pack!r}, whose buffer a later program took over (donated); "
+                               "no live tensor holds this value any more")
+        pack.arrays = pack.layout.unpack_all(pack.array)
+    return pack.arrays[node.key[4]]
+
+
+def array_of(node: Any) -> Any:
+    """The device object a leaf holds without unpacking: its pack's array for a packed member, else its data."""
+    raw = node.raw
+    return raw.array if type(raw) is Pack else raw
+
+
+ir.PACKED[:] = [Pack, read]
+if ir._native.ON:
+    ir._native.MODULE.configure_packed(Pack, read)
+
+
+# ------------------------------------------------------------------------------------------ outputs
+
+
+class Outputs:
+    """How a sync's distinct pending values leave its program: ``kept`` (positions) as themselves, then
+    one pack per group (``groups``: (layout, positions))."""
+
+    __slots__ = ("kept", "groups", "inverse", "sig")
+
+    def __init__(self, n: int, groups: list[tuple[Layout, list[int]]]) -> None:
+        packed = {k for _, ks in groups for k in ks}
+        self.kept = [k for k in range(n) if k not in packed]
+        self.groups = groups
+        # where value k's leaf is in kept leaves + every group's member leaves
+        at = self.kept + [k for _, ks in groups for k in ks]
+        self.inverse = [0] * n
+        for j, k in enumerate(at):
+            self.inverse[k] = j
+        self.sig = (tuple(self.kept), tuple((id(lay), tuple(ks)) for lay, ks in groups))
+
+    def shardings(self, held: tuple | None, n_more: int) -> tuple:
+        """The program's output shardings: the kept values' (``held``: per value, None: as XLA propagates),
+        the packs', then ``n_more`` unconstrained."""
+        kept = (None,) * len(self.kept) if held is None else tuple(held[k] for k in self.kept)
+        return kept + tuple(lay.out_sharding for lay, _ in self.groups) + (None,) * n_more
+
+    def leaves(self, kept_leaves: list[Any], packs: list[Any], data_leaves: Callable[..., list]) -> list[Any]:
+        """Every value's new leaf: ``kept_leaves`` and the members of ``packs`` (arrays, in group order)."""
+        members: list[Any] = []
+        for (lay, ks), array in zip(self.groups, packs):
+            pack = Pack(array, lay)
+            members += data_leaves(lay.keys, [pack] * len(ks), DATA)
+        return list(map((kept_leaves + members).__getitem__, self.inverse))
+
+
+_OUTPUTS: dict[int, tuple] = {}  # id(plan structure) -> (it, held, one device, Outputs or None, roots' places)
+_LAYOUTS: dict[tuple, Layout] = {}
+MAX_BYTES = 1 << 20
+"""A tensor larger than this (all its shards' bytes) is left out of packs. JAX's host work per array is
+~2-4 us (``benchmarks/jax_array_costs.py``), about what a GPU takes to read 1 MiB: beyond that, the device's
+work on the tensor outweighs the host's, and packing it would cost a copy of it on the sync that first
+packs it (its old array and its pack both alive)."""
+
+
+def outputs(struct: Any, outs: list[int], metas: list[tuple], held: tuple | None, one: Any) -> Outputs | None:
+    """The packing of a sync's distinct values (``metas``: their (shape, dtype, ...)), or None: nothing to pack.
+
+    A value's layout is known when a sync hook holds it in one (``held``, per value; None: none
+    given: a sticky layout, which the value has from the step that makes it) or when the whole program
+    runs on one device (``one``: its ``SingleDeviceSharding``); other values are left as they are.
+    NOTE: not the layout of the leaf a value overwrites: new optimizer state has none in the step that
+    makes it, so the next step would pack more than this one, and the step after would compile again.
+    Remembered per plan structure (``struct``) and roots' places in it (``outs``), which fix the values'
+    shapes and dtypes.
+    """
+    hit = _OUTPUTS.get(id(struct))
+    if hit is not None and hit[0] is struct and hit[2] is one and hit[4] == outs and (hit[1] is held or hit[1] == held):
+        return hit[3]
+    if held is not None and held.count(None) != len(held):
+        one = None  # the program lays values out on a mesh
+    given = [one] * len(metas) if held is None else [one if h is None else h for h in held]
+    laid = _grouped(given, metas)
+    out = Outputs(len(metas), laid) if laid else None
+    if len(_OUTPUTS) >= 64:
+        _OUTPUTS.clear()
+    _OUTPUTS[id(struct)] = (struct, held, one, out, list(outs))
+    return out
+
+
+def _candidate(meta: tuple) -> bool:
+    """Whether a value of metadata ``meta`` may be packed: not 0-d, not empty, at most :data:`MAX_BYTES`."""
+    shape = meta[0]
+    return bool(shape) and 0 < math.prod(shape) * meta[1].itemsize <= MAX_BYTES
+
+
+def _grouped(given: list[Any], metas: list[tuple]) -> list[tuple[Layout, list[int]]]:
+    """The packs of the candidates among values of ``metas`` in layouts ``given`` (None: left out)."""
+    groups: dict[tuple, list[tuple]] = {}
+    for k, (sh, meta) in enumerate(zip(given, metas)):
+        if sh is None or not _candidate(meta):
+            continue
+        shape = tuple(meta[0])
+        gk = _group_key(sh, shape)
+        if gk is not None:
+            groups.setdefault((meta[1], gk[0]), []).append((shape, gk[1], k))
+    out = []
+    for (dtype, gkey), members in groups.items():
+        if len(members) < MIN_MEMBERS:
+            continue
+        # NOTE: members by shape and split, not by the values' order, which can differ from step to step with the
+        # same tensors (the step that makes optimizer state makes it after the activations it keeps; the next
+        # step's activations come after it): a pack of other order is another program
+        ks = [k for *_, k in sorted(members)]
+        out.append((_layout(dtype, gkey, [tuple(metas[k][0]) for k in ks], [given[k] for k in ks]), ks))
+    return out
+
+
+def _group_key(sh: Any, shape: tuple[int, ...]) -> tuple | None:
+    """(the pack's layout key, per dim the number of blocks) for a tensor of ``shape`` in ``sh``; None: not packable
+    (a layout other than one device or an even ``NamedSharding`` split over mesh axes)."""
+    if isinstance(sh, SingleDeviceSharding):
+        return ("one", sh), (1,) * len(shape)
+    if type(sh) is not NamedSharding:
+        return None
+    spec = sh.spec
+    if getattr(spec, "unreduced", None) or getattr(spec, "reduced", None) or len(spec) > len(shape):
+        return None
+    sizes = dict(zip(sh.mesh.axis_names, sh.mesh.axis_sizes))
+    axes: list[str] = []
+    split = []
+    for d in range(len(shape)):
+        entry = spec[d] if d < len(spec) else None
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        k = math.prod(sizes[a] for a in names)
+        if shape[d] % k:
+            return None
+        axes += names
+        split.append(k)
+    return ("mesh", sh.mesh, tuple(axes), sh.memory_kind), tuple(split)
+
+
+def _layout(torch_dtype: Any, gkey: tuple, shapes: list[tuple], shardings: list[Any]) -> Layout:
+    key = (torch_dtype, gkey, tuple(shapes), tuple(map(canonical, shardings)))
+    lay = _LAYOUTS.get(key)
+    if lay is None:
+        splits = tuple(_group_key(sh, s)[1] for sh, s in zip(shardings, shapes))  # type: ignore[index]
+        if gkey[0] == "one":
+            sharding, rows = gkey[1], 1
+        else:
+            _, mesh, axes, memory_kind = gkey
+            rows = math.prod(dict(zip(mesh.axis_names, mesh.axis_sizes))[a] for a in axes)
+            sharding = NamedSharding(mesh, PartitionSpec(axes if axes else None, None), memory_kind=memory_kind)
+        if len(_LAYOUTS) >= 256:
+            _LAYOUTS.clear()
+        lay = _LAYOUTS[key] = Layout(to_jax(torch_dtype), sharding, rows, tuple(shapes), splits, tuple(shardings),
+                                     torch_dtype)
+    return lay
+
+
+def one_device(struct: Any, leaves: list[Any]) -> Any:
+    """The ``SingleDeviceSharding`` a plan's program runs on (remembered per structure), or None: every
+    device-data leaf is there and no node is given a layout (a ``sharding_constraint`` lays a program of
+    single-device arrays out on a mesh)."""
+    hit = _ONE.get(id(struct))
+    if hit is not None and hit[0] is struct:
+        return hit[1]
+    found = None
+    laid = any(type(e) is tuple and len(e) == 3 for e in struct)  # (hash, wiring, sharding): a node's layout
+    for n in [] if laid else leaves:
+        if n.op != DATA:
+            continue
+        sh = n.key[3]
+        if not isinstance(sh, SingleDeviceSharding) or (found is not None and sh != found):
+            found = None
+            break
+        found = sh
+    if len(_ONE) >= 64:
+        _ONE.clear()
+    _ONE[id(struct)] = (struct, found)
+    return found
+
+
+_ONE: dict[int, tuple] = {}
+
+
+# ------------------------------------------------------------------------------------------- inputs
+
+
+class Inputs:
+    """A program's packed arguments (``leaves``, its leaves in argument order, ``raws`` their raw data):
+    ``args`` are the others' arrays, then each pack once (``packs``); ``at``: per member, (its argument
+    position, its pack's number, its index in the pack); ``sig`` identifies the program's wiring."""
+
+    __slots__ = ("args", "packs", "at", "members", "sig", "n")
+
+    def __init__(self, leaves: list[Any], raws: list[Any]) -> None:
+        # NOTE: C-level passes (a GPT step's ~1,000 arguments, ~600 of them members: 0.25 ms as a Python loop)
+        is_member = list(map(operator.is_, map(type, raws), itertools.repeat(Pack)))
+        self.members = list(itertools.compress(range(len(raws)), is_member))  # their argument positions
+        mine = list(itertools.compress(raws, is_member))
+        self.packs: list[Pack] = list(dict.fromkeys(mine))  # in order of first use
+        number = dict(zip(map(id, self.packs), itertools.count()))
+        index = list(map(_INDEX, map(_KEY, itertools.compress(leaves, is_member))))
+        self.at = list(zip(self.members, map(number.__getitem__, map(id, mine)), index))
+        self.n = len(raws)
+        self.args = list(itertools.compress(raws, map(operator.not_, is_member))) + [p.array for p in self.packs]
+        self.sig = (tuple(self.members), tuple(map(number.__getitem__, map(id, mine))), tuple(index),
+                    tuple(id(p.layout) for p in self.packs))
+
+    def _moved(self, j: int) -> int:
+        """Argument ``j``'s position in :attr:`args` (-1: a member)."""
+        k = bisect.bisect_left(self.members, j)
+        return -1 if k < len(self.members) and self.members[k] == j else j - k
+
+    def donated(self, donate_idx: tuple[int, ...], kept: set[int] | None) -> tuple[int, ...]:
+        """The donated positions among :attr:`args`: ``donate_idx`` (argument positions, none a member's)
+        moved, and each pack that no storage in ``kept`` (ids of packs; None: donate none) holds."""
+        # NOTE: a member's position among them (a plan laid out when it was an array) is left out: its pack decides
+        plain = [k for k in map(self._moved, donate_idx) if k >= 0]
+        m = len(self.args) - len(self.packs)
+        if kept is None:
+            return tuple(plain)
+        return tuple(plain + [m + g for g, p in enumerate(self.packs) if id(p) not in kept])
+
+    def unpacked(self, args: tuple) -> list[Any]:
+        """Every argument's value (traced) from :attr:`args`, each member sliced from its pack."""
+        full = [None if k < 0 else args[k] for k in map(self._moved, range(self.n))]
+        m = len(self.args) - len(self.packs)
+        for j, g, i in self.at:
+            full[j] = self.packs[g].layout.unpack(args[m + g], i)
+        return full
+
+
+def program(run: Callable[..., tuple], order: list[int] | None, inputs: Inputs | None, outputs: Outputs | None,
+            donated: tuple[int, ...]) -> Callable[..., tuple]:
+    """``run`` (a plan's program: its leaves' values in plan order in, its roots out) taking the arguments in
+    ``order`` with their packs (``inputs``) and returning its values packed (``outputs``). A pack is written
+    into a donated argument pack of its layout, in place, when there is one."""
+    reuse: dict[int, int] = {}
+    if inputs is not None and outputs is not None:
+        m = len(inputs.args) - len(inputs.packs)
+        free = [m + h for h, p in enumerate(inputs.packs) if m + h in donated]
+        for g, (lay, _) in enumerate(outputs.groups):
+            pos = next((j for j in free if inputs.packs[j - m].layout is lay), None)
+            if pos is not None:
+                reuse[g] = pos
+                free.remove(pos)
+
+    def packed(*args: Any) -> tuple:
+        full = list(args) if inputs is None else inputs.unpacked(args)
+        if order is not None:
+            values: list[Any] = [None] * len(order)
+            for j, i in enumerate(order):
+                values[i] = full[j]
+            full = values
+        outs = run(*full)
+        if outputs is None:
+            return outs
+        n = len(outputs.inverse)
+        made = [lay.pack_into(args[reuse[g]], [outs[k] for k in ks]) if g in reuse else lay.pack([outs[k] for k in ks])
+                for g, (lay, ks) in enumerate(outputs.groups)]
+        return tuple(outs[k] for k in outputs.kept) + tuple(made) + tuple(outs[n:])
+    return packed
