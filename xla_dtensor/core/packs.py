@@ -6,10 +6,10 @@ GPT cost 0.98 ms a step on one device and 2.53 ms split 8 ways; packed by layout
 0.15 ms). So at ``sync()`` the pending values are grouped by dtype and layout, and each
 group leaves the program as one **pack** of shape ``(rows, columns)``:
 
-* a value is packed when its layout is known before the program runs: the sticky one a
-  sync hook holds it in (``mark_sharding``, ``distribute_tensor``, FSDP, AUTO's plan), or the
-  one device the whole program runs on; values XLA lays out on several devices stay arrays
-  of their own (:func:`outputs` says why);
+* a value is packed when its layout is known before the program runs: the one device the
+  whole program runs on, or (with :data:`MESH` on: off by default, see there) the sticky
+  one a sync hook holds it in (``mark_sharding``, ``distribute_tensor``, FSDP, AUTO's plan);
+  values XLA lays out on several devices stay arrays of their own (:func:`outputs` says why);
 * 0-d values, and values over :data:`MAX_BYTES`, stay arrays of their own;
 * a tensor split ``k`` ways goes in shard-major, as ``(k, numel / k)``: row ``i`` holds what
   device ``i`` of the pack's row axes holds, so packing and unpacking move nothing between
@@ -54,6 +54,10 @@ from xla_dtensor.core.dtypes import to_jax
 from xla_dtensor.core.ir import DATA, canonical
 
 MIN_MEMBERS = 2  # a group of one is left as it is
+MESH = False
+"""Whether tensors laid out on a mesh are packed too (shard-major). Off: on 8 CPU devices an AUTO-planned
+12-layer GPT step ran 12-20% slower on the devices with them packed (85-91 -> 102-105 ms a step back to
+back; the host's time did not fall, 22-24 ms either way). Not yet measured on a GPU."""
 _KEY, _INDEX = operator.attrgetter("key"), operator.itemgetter(4)
 
 
@@ -278,7 +282,7 @@ def _group_key(sh: Any, shape: tuple[int, ...]) -> tuple | None:
     (a layout other than one device or an even ``NamedSharding`` split over mesh axes)."""
     if isinstance(sh, SingleDeviceSharding):
         return ("one", sh), (1,) * len(shape)
-    if type(sh) is not NamedSharding:
+    if type(sh) is not NamedSharding or not MESH:
         return None
     spec = sh.spec
     if getattr(spec, "unreduced", None) or getattr(spec, "reduced", None) or len(spec) > len(shape):

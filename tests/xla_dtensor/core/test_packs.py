@@ -32,6 +32,16 @@ def _executions() -> int:
 
 
 @pytest.fixture
+def mesh_packs():
+    """Tensors laid out on a mesh packed too (``packs.MESH``, off by default)."""
+    packs.MESH = True
+    packs._OUTPUTS.clear()  # (packings are remembered per plan structure)
+    yield
+    packs.MESH = False
+    packs._OUTPUTS.clear()
+
+
+@pytest.fixture
 def state() -> tuple[list[torch.Tensor], list[np.ndarray]]:
     """Three float tensors on one device, updated in place once and synced (so packed), and numpy's copies."""
     host = [np.arange(12, dtype=np.float32).reshape(3, 4) + i for i in range(3)]
@@ -99,7 +109,7 @@ def test_off_keeps_one_array_per_tensor() -> None:
 
 @pytest.mark.parametrize("spec", [("data", None), (None, "model"), ("data", "model"), ("model", "data"),
                                   (("data", "model"), None), (None, None)])
-def test_shard_major_rows_are_each_devices_blocks(spec: tuple) -> None:
+def test_shard_major_rows_are_each_devices_blocks(spec: tuple, mesh_packs: None) -> None:
     """Row r of a packed (8, 16) tensor is what device r of the pack's row axes holds, in JAX's own layout."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
@@ -119,7 +129,7 @@ def test_shard_major_rows_are_each_devices_blocks(spec: tuple) -> None:
     np.testing.assert_array_equal(np.asarray(back), x)
 
 
-def test_sharded_packs_keep_layouts_and_move_nothing() -> None:
+def test_sharded_packs_keep_layouts_and_move_nothing(mesh_packs: None) -> None:
     """Two tensors in each of five layouts over a 2x4 mesh: each pair shares a pack (split over the same mesh
     axes in the same order), the step's program has no collective, and every tensor reads back in its layout."""
     from jax.sharding import NamedSharding, PartitionSpec
@@ -150,14 +160,19 @@ def test_sharded_packs_keep_layouts_and_move_nothing() -> None:
 
 
 @pytest.mark.parametrize("mode,packed", [("dp", 0), ("megatron", 3), ("fsdp", 4), ("auto", 4)])
-def test_sharded_training_packs_and_matches_torch_cpu(mode: str, packed: int) -> None:
-    """The parameters with a sticky layout are packed (DP's are replicated by XLA, with none: left alone)."""
+def test_sharded_training_packs_and_matches_torch_cpu(mode: str, packed: int, mesh_packs: None) -> None:
+    """With mesh packing on, the parameters with a sticky layout are packed (DP's are replicated by XLA, with
+    none: left alone); off, the default, none is."""
     model, _ = sharded_mlp_like_cpu(mode, DEV, _executions)
     assert len(MLP_BATCHES) >= 3
     assert sum(_pack(p) is not None for p in model.parameters()) == packed
+    packs.MESH = False
+    packs._OUTPUTS.clear()
+    model, _ = sharded_mlp_like_cpu(mode, DEV, _executions)
+    assert all(_pack(p) is None for p in model.parameters())
 
 
-def test_hf_gpt2_megatron_packs_and_matches_torch_cpu() -> None:
+def test_hf_gpt2_megatron_packs_and_matches_torch_cpu(mesh_packs: None) -> None:
     from tests.xla_dtensor.ops._attention_models import cpu_losses, device_losses, hf_gpt2, hf_loss, tp_2x4
     torch.manual_seed(1)
     batches = [(torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))) for _ in range(3)]
