@@ -56,7 +56,7 @@ from xla_dtensor.core.ir import DATA, canonical
 MIN_MEMBERS = 2  # a group of one is left as it is
 MESH = False
 """Whether tensors laid out on a mesh are packed too (shard-major). Off: on 8 CPU devices an AUTO-planned
-12-layer GPT step ran 12-20% slower on the devices with them packed (85-91 -> 102-105 ms a step back to
+12-layer GPT step ran 12-23% slower on the devices with them packed (85-91 -> 102-105 ms a step back to
 back; the host's time did not fall, 22-24 ms either way). Not yet measured on a GPU."""
 _KEY, _INDEX = operator.attrgetter("key"), operator.itemgetter(4)
 
