@@ -174,10 +174,10 @@ def lower(plan: Plan, donate_idx: tuple[int, ...] = (), order: list[int] | None 
     ``packed_out``: the roots that leave as packs.
     """
     program = make_program(plan.fns, plan.wiring, plan.shardings, plan.outs)
-    if packed_in is not None or packed_out is not None:
-        program = packs.program(program, order, packed_in, packed_out, donate_idx)
-    elif order is not None:
+    if order is not None:
         program = _permuted(program, order)
+    if packed_in is not None or packed_out is not None:
+        program = packs.program(program, packed_in, packed_out, donate_idx)
     with warnings.catch_warnings():
         # NOTE: every leaf buffer no live tensor holds is donated, not only those an output can take over:
         # a backward launched on its own (core.phases) reads activations autograd has freed; XLA reuses
@@ -363,7 +363,7 @@ def execute(roots: list[Node], donate: set[int] | None = None, partners: list[in
     plan, order, donate_idx, key = layout(roots, donate, partners, plan, donated)
     leaves = plan.leaves if order is None else list(map(plan.leaves.__getitem__, order))
     raws = list(map(_RAW, leaves))
-    packed_in = packs.Inputs(leaves, raws) if packs.Pack in set(map(type, raws)) else None
+    packed_in = packs.Inputs(leaves, raws) if packs.Pack in map(type, raws) else None
     if packed_in is not None:
         donate_idx = packed_in.donated(donate_idx, kept_packs)
         raws = packed_in.args

@@ -28,7 +28,7 @@ class Node:
     ``fn(*input_values)`` computes it inside the traced JAX function; leaves have
     ``fn is None`` and carry ``data`` (a ``jax.Array`` / numpy array, or a Python scalar
     for parameters; ``raw`` is the object stored, which for a member of a packed array is its
-    :class:`~xla_dtensor.core.packs.Member`, and ``data`` then unpacks it). ``sharding`` is an
+    :class:`~xla_dtensor.core.packs.Pack`, and ``data`` then unpacks the member's own array). ``sharding`` is an
     optional constraint applied after ``fn``. ``seq``
     counts creation: a node's inputs have smaller ``seq`` (recording order, which the AUTO
     graph writer keeps so layer clustering sees forward, backward and optimizer in turn).

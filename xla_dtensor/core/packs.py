@@ -40,10 +40,8 @@ Example:
 """
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
-import operator
 from typing import Any, Callable
 
 import jax
@@ -58,7 +56,6 @@ MESH = False
 """Whether tensors laid out on a mesh are packed too (shard-major). Off: on 8 CPU devices an AUTO-planned
 12-layer GPT step ran 12-23% slower on the devices with them packed (85-91 -> 102-105 ms a step back to
 back; the host's time did not fall, 22-24 ms either way). Not yet measured on a GPU."""
-_KEY, _INDEX = operator.attrgetter("key"), operator.itemgetter(4)
 
 
 class Layout:
@@ -272,8 +269,10 @@ def _grouped(given: list[Any], metas: list[tuple]) -> list[tuple[Layout, list[in
         # NOTE: members by shape and split, not by the values' order, which can differ from step to step with the
         # same tensors (the step that makes optimizer state makes it after the activations it keeps; the next
         # step's activations come after it): a pack of other order is another program
-        ks = [k for *_, k in sorted(members)]
-        out.append((_layout(dtype, gkey, [tuple(metas[k][0]) for k in ks], [given[k] for k in ks]), ks))
+        members.sort()
+        ks = [k for *_, k in members]
+        out.append((_layout(dtype, gkey, [shape for shape, *_ in members], [given[k] for k in ks],
+                            [split for _, split, _ in members]), ks))
     return out
 
 
@@ -301,11 +300,12 @@ def _group_key(sh: Any, shape: tuple[int, ...]) -> tuple | None:
     return ("mesh", sh.mesh, tuple(axes), sh.memory_kind), tuple(split)
 
 
-def _layout(torch_dtype: Any, gkey: tuple, shapes: list[tuple], shardings: list[Any]) -> Layout:
+def _layout(torch_dtype: Any, gkey: tuple, shapes: list[tuple], shardings: list[Any], splits: list[tuple]) -> Layout:
+    """The layout of a pack of ``shapes`` in ``shardings`` (``splits``: theirs from :func:`_group_key`), one object
+    per (dtype, group key, shapes, layouts)."""
     key = (torch_dtype, gkey, tuple(shapes), tuple(map(canonical, shardings)))
     lay = _LAYOUTS.get(key)
     if lay is None:
-        splits = tuple(_group_key(sh, s)[1] for sh, s in zip(shardings, shapes))  # type: ignore[index]
         if gkey[0] == "one":
             sharding, rows = gkey[1], 1
         else:
@@ -314,8 +314,8 @@ def _layout(torch_dtype: Any, gkey: tuple, shapes: list[tuple], shardings: list[
             sharding = NamedSharding(mesh, PartitionSpec(axes if axes else None, None), memory_kind=memory_kind)
         if len(_LAYOUTS) >= 256:
             _LAYOUTS.clear()
-        lay = _LAYOUTS[key] = Layout(to_jax(torch_dtype), sharding, rows, tuple(shapes), splits, tuple(shardings),
-                                     torch_dtype)
+        lay = _LAYOUTS[key] = Layout(to_jax(torch_dtype), sharding, rows, tuple(shapes), tuple(splits),
+                                     tuple(shardings), torch_dtype)
     return lay
 
 
@@ -351,34 +351,35 @@ _ONE: dict[int, tuple] = {}
 class Inputs:
     """A program's packed arguments (``leaves``, its leaves in argument order, ``raws`` their raw data):
     ``args`` are the others' arrays, then each pack once (``packs``); ``at``: per member, (its argument
-    position, its pack's number, its index in the pack); ``sig`` identifies the program's wiring."""
+    position, its pack's number, its index in the pack); ``moved``: per argument, its position in
+    ``args`` (-1: a member); ``sig`` identifies the program's wiring."""
 
-    __slots__ = ("args", "packs", "at", "members", "sig", "n")
+    __slots__ = ("args", "packs", "at", "moved", "sig")
 
     def __init__(self, leaves: list[Any], raws: list[Any]) -> None:
-        # NOTE: C-level passes (a GPT step's ~1,000 arguments, ~600 of them members: 0.25 ms as a Python loop)
-        is_member = list(map(operator.is_, map(type, raws), itertools.repeat(Pack)))
-        self.members = list(itertools.compress(range(len(raws)), is_member))  # their argument positions
-        mine = list(itertools.compress(raws, is_member))
-        self.packs: list[Pack] = list(dict.fromkeys(mine))  # in order of first use
-        number = dict(zip(map(id, self.packs), itertools.count()))
-        index = list(map(_INDEX, map(_KEY, itertools.compress(leaves, is_member))))
-        self.at = list(zip(self.members, map(number.__getitem__, map(id, mine)), index))
-        self.n = len(raws)
-        self.args = list(itertools.compress(raws, map(operator.not_, is_member))) + [p.array for p in self.packs]
-        self.sig = (tuple(self.members), tuple(map(number.__getitem__, map(id, mine))), tuple(index),
-                    tuple(id(p.layout) for p in self.packs))
-
-    def _moved(self, j: int) -> int:
-        """Argument ``j``'s position in :attr:`args` (-1: a member)."""
-        k = bisect.bisect_left(self.members, j)
-        return -1 if k < len(self.members) and self.members[k] == j else j - k
+        number: dict[int, int] = {}
+        packs: list[Pack] = []
+        at, args, moved = [], [], []
+        for j, r in enumerate(raws):
+            if type(r) is Pack:
+                g = number.get(id(r))
+                if g is None:
+                    g = number[id(r)] = len(packs)
+                    packs.append(r)
+                at.append((j, g, leaves[j].key[4]))
+                moved.append(-1)
+            else:
+                moved.append(len(args))
+                args.append(r)
+        self.packs, self.at, self.moved = packs, at, moved
+        self.args = args + [p.array for p in packs]
+        self.sig = (tuple(at), tuple(id(p.layout) for p in packs))
 
     def donated(self, donate_idx: tuple[int, ...], kept: set[int] | None) -> tuple[int, ...]:
         """The donated positions among :attr:`args`: ``donate_idx`` (argument positions, none a member's)
         moved, and each pack that no storage in ``kept`` (ids of packs; None: donate none) holds."""
         # NOTE: a member's position among them (a plan laid out when it was an array) is left out: its pack decides
-        plain = [k for k in map(self._moved, donate_idx) if k >= 0]
+        plain = [k for k in map(self.moved.__getitem__, donate_idx) if k >= 0]
         m = len(self.args) - len(self.packs)
         if kept is None:
             return tuple(plain)
@@ -386,18 +387,18 @@ class Inputs:
 
     def unpacked(self, args: tuple) -> list[Any]:
         """Every argument's value (traced) from :attr:`args`, each member sliced from its pack."""
-        full = [None if k < 0 else args[k] for k in map(self._moved, range(self.n))]
+        full = [None if k < 0 else args[k] for k in self.moved]
         m = len(self.args) - len(self.packs)
         for j, g, i in self.at:
             full[j] = self.packs[g].layout.unpack(args[m + g], i)
         return full
 
 
-def program(run: Callable[..., tuple], order: list[int] | None, inputs: Inputs | None, outputs: Outputs | None,
+def program(run: Callable[..., tuple], inputs: Inputs | None, outputs: Outputs | None,
             donated: tuple[int, ...]) -> Callable[..., tuple]:
-    """``run`` (a plan's program: its leaves' values in plan order in, its roots out) taking the arguments in
-    ``order`` with their packs (``inputs``) and returning its values packed (``outputs``). A pack is written
-    into a donated argument pack of its layout, in place, when there is one."""
+    """``run`` (a plan's program, its arguments in argument order) taking them with their packs (``inputs``) and
+    returning its values packed (``outputs``). A pack is written into a donated argument pack of its layout, in
+    place, when there is one."""
     reuse: dict[int, int] = {}
     if inputs is not None and outputs is not None:
         m = len(inputs.args) - len(inputs.packs)
@@ -409,13 +410,7 @@ def program(run: Callable[..., tuple], order: list[int] | None, inputs: Inputs |
                 free.remove(pos)
 
     def packed(*args: Any) -> tuple:
-        full = list(args) if inputs is None else inputs.unpacked(args)
-        if order is not None:
-            values: list[Any] = [None] * len(order)
-            for j, i in enumerate(order):
-                values[i] = full[j]
-            full = values
-        outs = run(*full)
+        outs = run(*(args if inputs is None else inputs.unpacked(args)))
         if outputs is None:
             return outs
         n = len(outputs.inverse)
