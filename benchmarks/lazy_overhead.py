@@ -326,7 +326,11 @@ def case_lockstep(args: argparse.Namespace) -> dict:
             xla_dtensor.config.launch_at_backward = True
         if args.layout == "unpacked":  # one device, each state tensor its own array (xla_dtensor/core/packs.py)
             xla_dtensor.config.pack_state = False
-        model, opt, batch = _setup_on("one" if args.layout in ("phased", "unpacked") else args.layout, args.opt)
+        layout = args.layout
+        if layout.endswith("_packed"):  # sharded, the sticky state packed too (config.pack_mesh_state)
+            xla_dtensor.config.pack_mesh_state = True
+            layout = layout[:-len("_packed")]
+        model, opt, batch = _setup_on("one" if layout in ("phased", "unpacked") else layout, args.opt)
         clock, sync, wait = _host_clock(model, opt, batch, xla_dtensor.sync), xla_dtensor.sync, xla_dtensor.wait
         ops = lambda: metrics.counters()["ops_recorded"]  # noqa: E731
     print("ready", flush=True)
@@ -344,7 +348,8 @@ def case_lockstep(args: argparse.Namespace) -> dict:
 
 
 def _lockstep(args: argparse.Namespace,
-              layouts: tuple[str, ...] = ("one", "torch", "no_cxx", "unpacked", "tp", "auto")) -> dict:
+              layouts: tuple[str, ...] = ("one", "torch", "no_cxx", "unpacked", "tp", "auto", "tp_packed",
+                                          "auto_packed")) -> dict:
     """Each layout in its own process, stepping in turn (one step each, round after round): the medians of
     their host CPU ms per step and, per other layout, the median over rounds of its step / one device's
     (for ``torch``, torch eager on CPU, that is one device's lazy step / torch eager's: ``lazy_vs_torch``).
@@ -562,7 +567,8 @@ def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, py: dict, ph: dic
         rows += [(f"{name}: host CPU ms / step", sh["cpu_ms"]), (f"{name} / one device", sh["cpu_ms"] / lz["cpu_ms"]),
                  (f"{name}: ops recorded / step", sh["ops"])]
     names = {"one": "lazy one device", "torch": "torch eager", "tp": "2x4 Megatron", "auto": "AUTO 2x4",
-             "no_cxx": "no C++ part", "phased": "in phases", "unpacked": "state unpacked"}
+             "no_cxx": "no C++ part", "phased": "in phases", "unpacked": "state unpacked",
+             "tp_packed": "2x4 Megatron, mesh packed", "auto_packed": "AUTO 2x4, mesh packed"}
     for lay, res in lock.items():
         if "error" in res:
             failed.append(f"in turn: {names[lay]}: failed: {res['error']}")
@@ -657,9 +663,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3, help="torch and lazy cases run in turn this many times")
     p.add_argument("--label", default="current")
-    p.add_argument("--layout", choices=["one", "torch", "tp", "auto", "phased", "unpacked"], default="one",
+    p.add_argument("--layout", choices=["one", "torch", "tp", "auto", "phased", "unpacked", "tp_packed", "auto_packed"],
+                   default="one",
                    help="the lockstep case's model (phased: one device, launched in phases at backward(); "
-                        "unpacked: one device, config.pack_state off)")
+                        "unpacked: one device, config.pack_state off; *_packed: config.pack_mesh_state on)")
     p.add_argument("--lockstep-only", action="store_true", help="only the layouts in turn (printed, not saved)")
     p.add_argument("--record-only", action="store_true",
                    help="only recording per layout, with no program running (printed, not saved)")

@@ -56,7 +56,7 @@ class ActivationTable:
         self.entries = dict(entries)
         self.applied = 0  # constraints set by the last apply() / constrain()
         self.token = next(self._TOKENS)  # names this table in program cache keys
-        self._positions: dict[tuple, list[tuple[int, Any]]] = {}
+        self._positions: dict[tuple, tuple[list[tuple[int, Any]], tuple]] = {}  # struct -> (pairs, its struct)
 
     @classmethod
     def from_nodes(cls, order: list[Any], shardings: Mapping[int, Any]) -> ActivationTable:
@@ -82,12 +82,14 @@ class ActivationTable:
         its ``struct`` extended by this table's token. The nodes counted are the op nodes of
         ``plan.order[:limit]`` not in ``skip()`` (ids of nodes the sync hooks added, asked for only
         when the structure is new): the graph :meth:`apply` would have walked."""
-        pairs = self._positions.get(plan.struct)
-        if pairs is None:
-            pairs = self._find(plan.order, skip(), limit)
+        hit = self._positions.get(plan.struct)
+        if hit is None:
             if len(self._positions) >= self.CACHED:
                 self._positions.clear()
-            self._positions[plan.struct] = pairs
+            # NOTE: the extended structure is one object per structure: the sync's caches by the
+            # structure's identity (its packs, its device) then hit on a repeated step
+            hit = self._positions[plan.struct] = (self._find(plan.order, skip(), limit), (plan.struct, self.token))
+        pairs, struct = hit
         if plan.filled:
             order, shardings = plan.order, plan.shardings
             for pos, sh in pairs:
@@ -97,7 +99,7 @@ class ActivationTable:
             for pos, sh in pairs:
                 plan.node_at(pos).sharding = sh
         self.applied = len(pairs)
-        return plan._replace(struct=(plan.struct, self.token))
+        return plan._replace(struct=struct)
 
     def _find(self, order: list[Any], skip: set[int], limit: int) -> list[tuple[int, Any]]:
         entries, seen, out = self.entries, {}, []

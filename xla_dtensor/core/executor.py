@@ -532,7 +532,7 @@ def _sync(pre_hooks: bool, all_threads: bool, pack: bool = True) -> tuple[list[A
     donors = list(map(_DONOR, firsts))
     metas = list(map(_META, firsts))
     n = len(values)
-    packed = _packing(plan, metas, held, pre_hooks and pack)
+    packed = _packing(plan, metas, held, pre_hooks and pack, donors)
     if packed is None:
         outsh = None if held is None else held[0] + (None,) * len(check_roots)
     else:
@@ -553,13 +553,17 @@ def _sync(pre_hooks: bool, all_threads: bool, pack: bool = True) -> tuple[list[A
     return done, checks, checked, owner
 
 
-def _packing(plan: Plan, metas: list[tuple], held: tuple | None, pack: bool) -> packs.Outputs | None:
+def _packing(plan: Plan, metas: list[tuple], held: tuple | None, pack: bool,
+             donors: list[int | None]) -> packs.Outputs | None:
     """Which of a sync's values leave its program packed (:mod:`.packs`), or None: none (packing is off,
-    the caller asked for none, or ``compile`` records)."""
+    the caller asked for none, or ``compile`` records). ``donors``: per value, the id of the leaf it overwrites."""
     if not config.pack_state or not pack or STATE.capturing:
         return None
+    def fed() -> list[bool]:
+        operands = packs.matrix_operands(plan.order)
+        return [d in operands for d in donors]
     return packs.outputs(plan.struct, plan.outs, metas, None if held is None else held[0],
-                         packs.one_device(plan.struct, plan.leaves))
+                         packs.one_device(plan.struct, plan.leaves), fed)
 
 
 _RAN: Any = None  # the executable execute() ran last (under the lock)

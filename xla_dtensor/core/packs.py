@@ -7,8 +7,8 @@ GPT cost 0.98 ms a step on one device and 2.53 ms split 8 ways; packed by layout
 group leaves the program as one **pack** of shape ``(rows, columns)``:
 
 * a value is packed when its layout is known before the program runs: the one device the
-  whole program runs on, or (with :data:`MESH` on: off by default, see there) the sticky
-  one a sync hook holds it in (``mark_sharding``, ``distribute_tensor``, FSDP, AUTO's plan);
+  whole program runs on, or (with ``config.pack_mesh_state`` on: off by default, see there) the
+  sticky one a sync hook holds it in (``mark_sharding``, ``distribute_tensor``, FSDP, AUTO's plan);
   values XLA lays out on several devices stay arrays of their own (:func:`outputs` says why);
 * 0-d values, and values over :data:`MAX_BYTES`, stay arrays of their own;
 * a tensor split ``k`` ways goes in shard-major, as ``(k, numel / k)``: row ``i`` holds what
@@ -47,15 +47,12 @@ from typing import Any, Callable
 import jax
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
+from xla_dtensor.config import config
 from xla_dtensor.core import ir
 from xla_dtensor.core.dtypes import to_jax
 from xla_dtensor.core.ir import DATA, canonical
 
 MIN_MEMBERS = 2  # a group of one is left as it is
-MESH = False
-"""Whether tensors laid out on a mesh are packed too (shard-major). Off: on 8 CPU devices an AUTO-planned
-12-layer GPT step ran 12-23% slower on the devices with them packed (85-91 -> 102-105 ms a step back to
-back; the host's time did not fall, 22-24 ms either way). Not yet measured on a GPU."""
 
 
 class Layout:
@@ -212,7 +209,8 @@ class Outputs:
         return list(map((kept_leaves + members).__getitem__, self.inverse))
 
 
-_OUTPUTS: dict[int, tuple] = {}  # id(plan structure) -> (it, held, one device, Outputs or None, roots' places)
+# id(plan structure) -> (it, held, one device, Outputs or None, roots' places, config.pack_mesh_state)
+_OUTPUTS: dict[int, tuple] = {}
 _LAYOUTS: dict[tuple, Layout] = {}
 MAX_BYTES = 1 << 20
 """A tensor larger than this (all its shards' bytes) is left out of packs. JAX's host work per array is
@@ -221,7 +219,8 @@ work on the tensor outweighs the host's, and packing it would cost a copy of it 
 packs it (its old array and its pack both alive)."""
 
 
-def outputs(struct: Any, outs: list[int], metas: list[tuple], held: tuple | None, one: Any) -> Outputs | None:
+def outputs(struct: Any, outs: list[int], metas: list[tuple], held: tuple | None, one: Any,
+            fed: Callable[[], list[bool]] = list) -> Outputs | None:
     """The packing of a sync's distinct values (``metas``: their (shape, dtype, ...)), or None: nothing to pack.
 
     A value's layout is known when a sync hook holds it in one (``held``, per value; None: none
@@ -229,21 +228,73 @@ def outputs(struct: Any, outs: list[int], metas: list[tuple], held: tuple | None
     runs on one device (``one``: its ``SingleDeviceSharding``); other values are left as they are.
     NOTE: not the layout of the leaf a value overwrites: new optimizer state has none in the step that
     makes it, so the next step would pack more than this one, and the step after would compile again.
+    ``fed()``: per value, whether its storage's value before this step is a matrix operand in it
+    (:func:`matrix_operands`): on a mesh such values are left out, asked for when the structure is new.
     Remembered per plan structure (``struct``) and roots' places in it (``outs``), which fix the values'
     shapes and dtypes.
     """
+    mesh = config.pack_mesh_state
     hit = _OUTPUTS.get(id(struct))
-    if hit is not None and hit[0] is struct and hit[2] is one and hit[4] == outs and (hit[1] is held or hit[1] == held):
+    if hit is not None and hit[0] is struct and hit[2] is one and hit[5] is mesh and hit[4] == outs \
+            and (hit[1] is held or hit[1] == held):
         return hit[3]
     if held is not None and held.count(None) != len(held):
         one = None  # the program lays values out on a mesh
     given = [one] * len(metas) if held is None else [one if h is None else h for h in held]
+    if one is None and mesh:
+        for k, f in enumerate(fed()):
+            if f:
+                given[k] = None
     laid = _grouped(given, metas)
     out = Outputs(len(metas), laid) if laid else None
     if len(_OUTPUTS) >= 64:
         _OUTPUTS.clear()
-    _OUTPUTS[id(struct)] = (struct, held, one, out, list(outs))
+    _OUTPUTS[id(struct)] = (struct, held, one, out, list(outs), mesh)
     return out
+
+
+def matrix_operands(order: list[Any]) -> set[int]:
+    """The ids of the device-data leaves in ``order`` (a plan's nodes) that a matrix product or a convolution
+    reads, directly or through views.
+
+    NOTE: XLA fuses a member's slice of its pack into elementwise consumers, but a dot's operand is a buffer
+    of its own: on a mesh a packed weight costs a copy kernel per step (on 8 CPU devices a 2x4 Megatron
+    12-layer GPT's 73 weights made 73 more kernels, and its step 3-6 ms slower). Such tensors stay arrays of
+    their own there. On one device the weights stay packed: left out, each needed a copy all the same (the
+    step's new value written over the donated one it reads), and the step was ~1 ms slower. A weight cast
+    first (``autocast``) is read by the cast, which fuses the slice.
+    """
+    products, views = _op_sets()
+    out: set[int] = set()
+    for n in order:
+        if getattr(n.op, "overloadpacket", None) not in products:
+            continue
+        for x in n.inputs:
+            while len(x.inputs) == 1 and (getattr(x.op, "overloadpacket", x.op) in views):
+                x = x.inputs[0]
+            if x.op == DATA and len(x.key[1]) >= 2:
+                out.add(id(x))
+    return out
+
+
+def _op_sets() -> tuple[frozenset, frozenset]:
+    """(the ops whose matrix operands XLA does not fuse into them, the view ops looked through: aten's and
+    the core's sharding constraint)."""
+    if not _OPS:
+        import torch
+
+        from xla_dtensor.core.layout import CONSTRAINT
+        from xla_dtensor.ops.fused_linear import LINEAR, LINEAR_BACKWARD
+        aten = torch.ops.aten
+        _OPS.append(frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.matmul, aten.linear, aten.einsum,
+                               aten.convolution, aten.convolution_backward, aten._convolution,
+                               LINEAR.overloadpacket, LINEAR_BACKWARD.overloadpacket}))
+        _OPS.append(frozenset({aten.t, aten.transpose, aten.permute, aten.view, aten._unsafe_view, aten.reshape,
+                               aten.expand, aten.alias, aten.detach, aten.unsqueeze, aten.squeeze, CONSTRAINT}))
+    return _OPS[0], _OPS[1]
+
+
+_OPS: list[frozenset] = []
 
 
 def _candidate(meta: tuple) -> bool:
@@ -281,7 +332,7 @@ def _group_key(sh: Any, shape: tuple[int, ...]) -> tuple | None:
     (a layout other than one device or an even ``NamedSharding`` split over mesh axes)."""
     if isinstance(sh, SingleDeviceSharding):
         return ("one", sh), (1,) * len(shape)
-    if type(sh) is not NamedSharding or not MESH:
+    if type(sh) is not NamedSharding or not config.pack_mesh_state:
         return None
     spec = sh.spec
     if getattr(spec, "unreduced", None) or getattr(spec, "reduced", None) or len(spec) > len(shape):

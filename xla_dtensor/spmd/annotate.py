@@ -272,9 +272,36 @@ def _keep_pending(s: Storage) -> bool:
     return s.layout is not None
 
 
+def _state_layouts(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """After an optimizer step: each state tensor of a sticky parameter's shape that has no layout of its own
+    takes the parameter's (as a DTensor parameter's state takes its placements).
+
+    NOTE: so the state made in the first step leaves that step's program in a layout known before it runs
+    (``core.packs`` packs it from then on); XLA would otherwise propagate one. Looked at when the number of
+    parameters with state changes, not every step.
+    """
+    state_of = optimizer.state
+    n = len(state_of)
+    if _STATE_SEEN.get(optimizer) == n:
+        return
+    _STATE_SEEN[optimizer] = n
+    for p, slots in state_of.items():
+        if not isinstance(p, LazyTensor) or is_view(p) or storage_of(p).layout is None:
+            continue
+        spec = storage_of(p).layout
+        for t in slots.values():
+            if isinstance(t, LazyTensor) and not is_view(t) and t.shape == p.shape and storage_of(t).layout is None:
+                storage_of(t).layout = spec
+
+
+_STATE_SEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> parameters with state seen
+
+
 def install_hooks() -> None:
-    """Register the sync hooks once (importing :mod:`xla_dtensor.spmd` does it)."""
+    """Register the sync hooks and the optimizer-state hook once (importing :mod:`xla_dtensor.spmd` does it)."""
     if _pre_sync not in executor.PRE_SYNC:
         executor.PRE_SYNC.append(_pre_sync)
         executor.POST_SYNC.append(_post_sync)
         executor.KEEP_PENDING.append(_keep_pending)
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        register_optimizer_step_post_hook(_state_layouts)

@@ -33,12 +33,10 @@ def _executions() -> int:
 
 @pytest.fixture
 def mesh_packs():
-    """Tensors laid out on a mesh packed too (``packs.MESH``, off by default)."""
-    packs.MESH = True
-    packs._OUTPUTS.clear()  # (packings are remembered per plan structure)
+    """Tensors laid out on a mesh packed too (``config.pack_mesh_state``, off by default)."""
+    xla_dtensor.config.pack_mesh_state = True
     yield
-    packs.MESH = False
-    packs._OUTPUTS.clear()
+    xla_dtensor.config.pack_mesh_state = False
 
 
 @pytest.fixture
@@ -159,15 +157,16 @@ def test_sharded_packs_keep_layouts_and_move_nothing(mesh_packs: None) -> None:
         assert value_of(t).data.sharding.is_equivalent_to(want, 2)
 
 
-@pytest.mark.parametrize("mode,packed", [("dp", 0), ("megatron", 3), ("fsdp", 4), ("auto", 4)])
+@pytest.mark.parametrize("mode,packed", [("dp", 0), ("megatron", 1), ("fsdp", 2), ("auto", 2)])
 def test_sharded_training_packs_and_matches_torch_cpu(mode: str, packed: int, mesh_packs: None) -> None:
-    """With mesh packing on, the parameters with a sticky layout are packed (DP's are replicated by XLA, with
-    none: left alone); off, the default, none is."""
+    """With mesh packing on, the biases with a sticky layout are packed (with their optimizer state, which
+    takes their layout: a group of one is not packed). The weights are matrix operands and stay arrays; DP's
+    parameters have no sticky layout and are left alone. Off, the default, none is packed."""
     model, _ = sharded_mlp_like_cpu(mode, DEV, _executions)
     assert len(MLP_BATCHES) >= 3
     assert sum(_pack(p) is not None for p in model.parameters()) == packed
-    packs.MESH = False
-    packs._OUTPUTS.clear()
+    assert all(_pack(m.weight) is None for m in (model[0], model[2]))
+    xla_dtensor.config.pack_mesh_state = False
     model, _ = sharded_mlp_like_cpu(mode, DEV, _executions)
     assert all(_pack(p) is None for p in model.parameters())
 
@@ -189,8 +188,22 @@ def test_hf_gpt2_megatron_packs_and_matches_torch_cpu(mesh_packs: None) -> None:
     finally:
         packs.Outputs.leaves = original  # type: ignore[method-assign]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    # every parameter TP splits leaves packed (its DTensor layout is sticky), no more values than parameters
+    # every bias TP lays out leaves packed (a DTensor's layout, split or replicated, is sticky; SGD keeps no
+    # state); the weights are matrix operands and stay arrays; the parameters TP leaves alone have no layout
     placed = tp_2x4(hf_gpt2(1, "sdpa").to(DEV))
-    params = list(placed.parameters())
-    split = sum(any(not pl.is_replicate() for pl in getattr(p, "placements", ())) for p in params)
-    assert split >= 4 and seen and split <= max(seen) <= len(params)
+    laid = [p for p in placed.parameters() if hasattr(p, "placements")]
+    biases = sum(p.dim() == 1 for p in laid)
+    assert len(laid) > biases >= 4 and seen and max(seen) == biases
+
+
+def test_matrix_operands_are_found_through_views_not_through_casts() -> None:
+    """The leaves a product reads (directly, or through a transpose) are the ones :func:`packs.matrix_operands`
+    names; a leaf cast first, or read by an elementwise op, is not one."""
+    from xla_dtensor.core.ir import topo_order
+    x, w, v, b = (torch.randn(4, 4, device=DEV) for _ in range(4))
+    xla_dtensor.sync()
+    leaf = {name: value_of(t) for name, t in (("x", x), ("w", w), ("v", v), ("b", b))}
+    assert all(n.op == "data" for n in leaf.values())
+    out = [torch.mm(x, w.t()), torch.mm(x, v.to(torch.bfloat16).float()), b + 1]
+    got = packs.matrix_operands(topo_order([value_of(t) for t in out]))
+    assert got == {id(leaf["x"]), id(leaf["w"])}
