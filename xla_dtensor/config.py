@@ -91,7 +91,8 @@ class Config:
             (``mark_sharding``, ``distribute_tensor``, FSDP, AUTO's plan, and the optimizer
             state of such parameters) are packed too, shard-major (``False``, the default:
             on 8 CPU devices it took 2-4 ms off an AUTO-planned 12-layer GPT step's host
-            time, but the step ran ~8% longer on the devices; not yet measured on a GPU).
+            time, but the step ran 7-17% longer on the devices, a 2x4 Megatron one ~12%;
+            not yet measured on a GPU).
     """
 
     cpu_fallback: bool = False
