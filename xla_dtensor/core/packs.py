@@ -97,7 +97,10 @@ class Layout:
         return jax.numpy.concatenate(rows, axis=1) if len(rows) > 1 else rows[0]
 
     def pack_into(self, old: Any, values: list[Any]) -> Any:
-        """:meth:`pack` written over ``old``, a pack of this layout (donated: XLA updates it in place)."""
+        """:meth:`pack` written over ``old``, a pack of this layout (donated: the new pack gets its buffer).
+
+        NOTE: not in place inside the program: XLA copies the old pack twice a step to write it (its reads
+        are not all ordered before the first write; see docs/lazy_core.md, "Packed state")."""
         for v, split, off in zip(values, self.splits, self.offsets):
             old = jax.lax.dynamic_update_slice_in_dim(old, _to_rows(v, split, self.rows).astype(old.dtype), off, axis=1)
         return old
