@@ -40,6 +40,7 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import Any, Callable
@@ -280,24 +281,21 @@ def matrix_operands(order: list[Any]) -> set[int]:
     return out
 
 
+@functools.cache
 def _op_sets() -> tuple[frozenset, frozenset]:
     """(the ops whose matrix operands XLA does not fuse into them, the view ops looked through: aten's and
     the core's sharding constraint)."""
-    if not _OPS:
-        import torch
+    import torch
 
-        from xla_dtensor.core.layout import CONSTRAINT
-        from xla_dtensor.ops.fused_linear import LINEAR, LINEAR_BACKWARD
-        aten = torch.ops.aten
-        _OPS.append(frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.matmul, aten.linear, aten.einsum,
-                               aten.convolution, aten.convolution_backward, aten._convolution,
-                               LINEAR.overloadpacket, LINEAR_BACKWARD.overloadpacket}))
-        _OPS.append(frozenset({aten.t, aten.transpose, aten.permute, aten.view, aten._unsafe_view, aten.reshape,
-                               aten.expand, aten.alias, aten.detach, aten.unsqueeze, aten.squeeze, CONSTRAINT}))
-    return _OPS[0], _OPS[1]
-
-
-_OPS: list[frozenset] = []
+    from xla_dtensor.core.layout import CONSTRAINT
+    from xla_dtensor.ops.fused_linear import LINEAR, LINEAR_BACKWARD
+    aten = torch.ops.aten
+    products = frozenset({aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.matmul, aten.linear, aten.einsum,
+                          aten.convolution, aten.convolution_backward, aten._convolution,
+                          LINEAR.overloadpacket, LINEAR_BACKWARD.overloadpacket})
+    views = frozenset({aten.t, aten.transpose, aten.permute, aten.view, aten._unsafe_view, aten.reshape,
+                       aten.expand, aten.alias, aten.detach, aten.unsqueeze, aten.squeeze, CONSTRAINT})
+    return products, views
 
 
 def _candidate(meta: tuple) -> bool:

@@ -286,12 +286,12 @@ def _state_layouts(optimizer: Any, args: Any, kwargs: Any) -> None:
         return
     _STATE_SEEN[optimizer] = n
     for p, slots in state_of.items():
-        if not isinstance(p, LazyTensor) or is_view(p) or storage_of(p).layout is None:
+        spec = sticky_spec(p) if isinstance(p, LazyTensor) and not is_view(p) else None
+        if spec is None:
             continue
-        spec = storage_of(p).layout
         for t in slots.values():
-            if isinstance(t, LazyTensor) and not is_view(t) and t.shape == p.shape and storage_of(t).layout is None:
-                storage_of(t).layout = spec
+            if isinstance(t, LazyTensor) and not is_view(t) and t.shape == p.shape and sticky_spec(t) is None:
+                stick(storage_of(t), spec)
 
 
 _STATE_SEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> parameters with state seen
