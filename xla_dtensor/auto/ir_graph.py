@@ -37,7 +37,7 @@ from autoshard.strategies.optimizer import FUSED_STEPS
 from xla_dtensor.core import ir_args as A
 from xla_dtensor.core.ir import DATA, GETITEM, PARAM, Node
 from xla_dtensor.core.signature import op_info
-from xla_dtensor.core.tensor import LazyTensor, Storage, live, storage_of, value_of
+from xla_dtensor.core.tensor import LazyTensor, Storage, pending, storage_of, value_of
 
 __all__ = ["graph_from_ir", "graph_from_ir_with_nodes", "pending_storages", "step_roles"]
 
@@ -49,7 +49,7 @@ Ref = tuple[int, int]
 
 def pending_storages() -> list[Storage]:
     """Live storages whose value is pending, in creation order: what ``sync()`` would run."""
-    return sorted((s for s in live() if s.value.fn is not None), key=lambda s: s.seq)
+    return pending()[0]
 
 
 def step_roles(module: Any, optimizer: Any = None) -> tuple[dict[Storage, str], dict[Storage, tuple[str, str]]]:

@@ -2124,6 +2124,305 @@ fail:
     return NULL;
 }
 
+/* ---------------------------------------------------------------- a sync's first passes */
+
+typedef struct {
+    long long seq;
+    PyObject *storage;
+} SeqRef;
+
+static int
+seq_order(const void *a, const void *b)
+{
+    long long x = ((const SeqRef *)a)->seq, y = ((const SeqRef *)b)->seq;
+    return (x > y) - (x < y);
+}
+
+/* A live object of tensor.LIVE's weak reference (a new reference), NULL with no error when it is dead */
+static PyObject *
+live_object(PyObject *ref)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *obj;
+    if (PyWeakref_GetRef(ref, &obj) < 0)
+        return NULL;
+    return obj;
+#else
+    PyObject *obj = PyWeakref_GetObject(ref);
+    if (obj == NULL || obj == Py_None)
+        return NULL;
+    return Py_NewRef(obj);
+#endif
+}
+
+/* pending_storages(): (the live storages whose value is an op node, in creation order; the values of the
+ * others) -- executor._pending_storages_py. NotImplemented when a live object is not a C Storage holding a Node. */
+static PyObject *
+pending_storages(PyObject *self, PyObject *unused)
+{
+    if (live_data == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "pending_storages() before configure_tensor()");
+        return NULL;
+    }
+    PyObject *snap = PySequence_List(live_data);  /* a snapshot: a storage freed meanwhile leaves the set */
+    if (snap == NULL)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(snap), m = 0;
+    SeqRef *buf = PyMem_Malloc(sizeof(SeqRef) * (n > 0 ? n : 1));
+    PyObject *clean = PyList_New(0), *pending = NULL, *result = NULL;
+    if (buf == NULL || clean == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *obj = live_object(PyList_GET_ITEM(snap, i));
+        if (obj == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            continue;
+        }
+        if (!Py_IS_TYPE(obj, &StorageType) || !Py_IS_TYPE(((StorageObject *)obj)->value, &NodeType)) {
+            Py_DECREF(obj);
+            result = Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+        StorageObject *s = (StorageObject *)obj;
+        if (((NodeObject *)s->value)->fn != Py_None) {
+            buf[m].seq = s->seq;
+            buf[m++].storage = obj;  /* owned until moved into pending */
+            continue;
+        }
+        int bad = PyList_Append(clean, s->value);
+        Py_DECREF(obj);
+        if (bad < 0)
+            goto done;
+    }
+    qsort(buf, m, sizeof(SeqRef), seq_order);
+    pending = PyList_New(m);
+    if (pending == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < m; i++)
+        PyList_SET_ITEM(pending, i, buf[i].storage);
+    m = 0;
+    result = PyTuple_Pack(2, pending, clean);
+done:
+    for (Py_ssize_t i = 0; i < m; i++)
+        Py_DECREF(buf[i].storage);
+    PyMem_Free(buf);
+    Py_DECREF(snap);
+    Py_XDECREF(clean);
+    Py_XDECREF(pending);
+    return result;
+}
+
+/* distinct_values(pending): (the storages' values without repeats, per storage its value's position there or
+ * None when none repeats, per value the first storage holding it, their donors, their metas) --
+ * executor._distinct_values_py. NotImplemented when pending holds another storage type. */
+static PyObject *
+distinct_values(PyObject *self, PyObject *pending)
+{
+    if (!PyList_CheckExact(pending)) {
+        PyErr_SetString(PyExc_TypeError, "distinct_values(pending): a list of storages");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(pending);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!Py_IS_TYPE(PyList_GET_ITEM(pending, i), &StorageType))
+            Py_RETURN_NOTIMPLEMENTED;
+    size_t size = 16;
+    while (size < 2 * (size_t)n)
+        size <<= 1;
+    PyObject **keys = PyMem_Calloc(size, sizeof(PyObject *));
+    Py_ssize_t *slot = PyMem_Malloc(size * sizeof(Py_ssize_t)), *pos = PyMem_Malloc((n > 0 ? n : 1) * sizeof(Py_ssize_t));
+    PyObject *values = PyList_New(0), *firsts = PyList_New(0), *where = NULL, *donors = NULL, *metas = NULL;
+    PyObject *result = NULL;
+    if (keys == NULL || slot == NULL || pos == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (values == NULL || firsts == NULL)
+        goto done;
+    int repeats = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        StorageObject *s = (StorageObject *)PyList_GET_ITEM(pending, i);
+        PyObject *v = s->value;
+        size_t h = ((size_t)(uintptr_t)v >> 4) * (size_t)0x9E3779B97F4A7C15ULL;
+        size_t j = (h ^ (h >> 29)) & (size - 1);
+        while (keys[j] != NULL && keys[j] != v)
+            j = (j + 1) & (size - 1);
+        if (keys[j] == v) {
+            pos[i] = slot[j];
+            repeats = 1;
+            continue;
+        }
+        keys[j] = v;
+        slot[j] = pos[i] = PyList_GET_SIZE(values);
+        if (PyList_Append(values, v) < 0 || PyList_Append(firsts, (PyObject *)s) < 0)
+            goto done;
+    }
+    if (repeats) {
+        if ((where = PyList_New(n)) == NULL)
+            goto done;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *k = PyLong_FromSsize_t(pos[i]);
+            if (k == NULL)
+                goto done;
+            PyList_SET_ITEM(where, i, k);
+        }
+    } else {
+        where = Py_NewRef(Py_None);
+    }
+    Py_ssize_t d = PyList_GET_SIZE(firsts);
+    if ((donors = PyList_New(d)) == NULL || (metas = PyList_New(d)) == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < d; i++) {
+        StorageObject *s = (StorageObject *)PyList_GET_ITEM(firsts, i);
+        PyList_SET_ITEM(donors, i, Py_NewRef(s->donor));
+        PyList_SET_ITEM(metas, i, Py_NewRef(s->meta));
+    }
+    result = PyTuple_Pack(5, values, where, firsts, donors, metas);
+done:
+    PyMem_Free(keys);
+    PyMem_Free(slot);
+    PyMem_Free(pos);
+    Py_XDECREF(values);
+    Py_XDECREF(firsts);
+    Py_XDECREF(where);
+    Py_XDECREF(donors);
+    Py_XDECREF(metas);
+    return result;
+}
+
+static PyObject *s_array, *s_layout;
+
+/* split_packs(leaves, pack_type): None when no leaf's raw data is a pack_type; else (args: the other leaves'
+ * raw data then each pack's array once, packs: in order of first use, sig: bytes, per member (its argument
+ * position, its pack's number, its leaf's key[4]) then per pack id(pack.layout), as int64) --
+ * packs._split_py. NotImplemented when leaves holds another node type. */
+static PyObject *
+split_packs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyType_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "split_packs(leaves: list, pack_type: type)");
+        return NULL;
+    }
+    PyObject *leaves = args[0], *pack_type = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(leaves), members = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyList_GET_ITEM(leaves, i);
+        if (!Py_IS_TYPE(x, &NodeType))
+            Py_RETURN_NOTIMPLEMENTED;
+        members += Py_TYPE(((NodeObject *)x)->data) == (PyTypeObject *)pack_type;
+    }
+    if (members == 0)
+        Py_RETURN_NONE;
+    PyObject *plain = PyList_New(0), *packs = PyList_New(0), *sig = NULL, *result = NULL;
+    int64_t *code = PyMem_Malloc(sizeof(int64_t) * 4 * members);
+    if (code == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (plain == NULL || packs == NULL)
+        goto done;
+    Py_ssize_t c = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        NodeObject *x = (NodeObject *)PyList_GET_ITEM(leaves, i);
+        PyObject *raw = x->data;
+        if (Py_TYPE(raw) != (PyTypeObject *)pack_type) {
+            if (PyList_Append(plain, raw) < 0)
+                goto done;
+            continue;
+        }
+        Py_ssize_t g = PyList_GET_SIZE(packs);
+        for (Py_ssize_t k = g - 1; k >= 0; k--)  /* a member's pack is mostly the last one met */
+            if (PyList_GET_ITEM(packs, k) == raw) {
+                g = k;
+                break;
+            }
+        if (g == PyList_GET_SIZE(packs) && PyList_Append(packs, raw) < 0)
+            goto done;
+        if (!PyTuple_Check(x->key) || PyTuple_GET_SIZE(x->key) < 5) {
+            PyErr_SetString(PyExc_TypeError, "split_packs: a packed member's key has its index at [4]");
+            goto done;
+        }
+        long long at = PyLong_AsLongLong(PyTuple_GET_ITEM(x->key, 4));
+        if (at == -1 && PyErr_Occurred())
+            goto done;
+        code[c++] = i;
+        code[c++] = g;
+        code[c++] = at;
+    }
+    Py_ssize_t p = PyList_GET_SIZE(packs);
+    for (Py_ssize_t k = 0; k < p; k++) {
+        PyObject *pk = PyList_GET_ITEM(packs, k);
+        PyObject *array = PyObject_GetAttr(pk, s_array), *lay = PyObject_GetAttr(pk, s_layout);
+        int bad = array == NULL || lay == NULL || PyList_Append(plain, array) < 0;
+        if (!bad)
+            code[c++] = (int64_t)(intptr_t)lay;  /* id(layout): Layout objects are kept by packs._LAYOUTS */
+        Py_XDECREF(array);
+        Py_XDECREF(lay);
+        if (bad)
+            goto done;
+    }
+    sig = PyBytes_FromStringAndSize((const char *)code, (Py_ssize_t)(c * sizeof(int64_t)));
+    if (sig != NULL)
+        result = PyTuple_Pack(3, plain, packs, sig);
+done:
+    PyMem_Free(code);
+    Py_XDECREF(plain);
+    Py_XDECREF(packs);
+    Py_XDECREF(sig);
+    return result;
+}
+
+/* sharding_codes(tape, code_by_id): bytes, per node of tape the int64 code of its sharding (None: 0, else
+ * code_by_id[id(sharding)]), or None when a sharding's id is not there (plan_cache._sharding_codes codes it) */
+static PyObject *
+sharding_codes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyDict_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "sharding_codes(tape: list, code_by_id: dict)");
+        return NULL;
+    }
+    PyObject *tape = args[0], *by_id = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(tape);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    if (out == NULL)
+        return NULL;
+    int64_t *code = (int64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyList_GET_ITEM(tape, i);
+        if (!Py_IS_TYPE(x, &NodeType)) {
+            Py_DECREF(out);
+            Py_RETURN_NOTIMPLEMENTED;
+        }
+        PyObject *sh = ((NodeObject *)x)->sharding;
+        if (sh == Py_None) {
+            code[i] = 0;
+            continue;
+        }
+        PyObject *id = PyLong_FromVoidPtr(sh);
+        if (id == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *c = PyDict_GetItemWithError(by_id, id);
+        Py_DECREF(id);
+        if (c == NULL) {
+            Py_DECREF(out);
+            if (PyErr_Occurred())
+                return NULL;
+            Py_RETURN_NONE;
+        }
+        code[i] = PyLong_AsLongLong(c);
+        if (code[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
@@ -2166,6 +2465,14 @@ static PyMethodDef methods[] = {
      "structure(tape, base, roots): plan_cache._structure's key (without sharding codes) and leaves."},
     {"torch_dispatch", (PyCFunction)(void (*)(void))torch_dispatch, METH_FASTCALL | METH_KEYWORDS,
      "LazyTensor.__torch_dispatch__ in C (wrap in classmethod)."},
+    {"pending_storages", (PyCFunction)pending_storages, METH_NOARGS,
+     "pending_storages(): executor._pending_storages_py in C (the live storages with a pending value)."},
+    {"distinct_values", (PyCFunction)distinct_values, METH_O,
+     "distinct_values(pending): executor._distinct_values_py in C."},
+    {"split_packs", (PyCFunction)(void (*)(void))split_packs, METH_FASTCALL,
+     "split_packs(leaves, pack_type): packs._split_py in C."},
+    {"sharding_codes", (PyCFunction)(void (*)(void))sharding_codes, METH_FASTCALL,
+     "sharding_codes(tape, code_by_id): plan_cache._sharding_codes' look-ups in C."},
     {"signature", (PyCFunction)(void (*)(void))signature, METH_FASTCALL,
      "signature(args, kwargs, info, scalars, dyn): signature.signature in C."},
     {NULL}
@@ -2227,6 +2534,8 @@ PyInit__native(void)
     INTERN(s_release, "release");
     INTERN(s_dispatch, "dispatch");
     INTERN(s_param_leaf, "param_leaf");
+    INTERN(s_array, "array");
+    INTERN(s_layout, "layout");
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;

@@ -104,7 +104,10 @@ def _structure(roots: list[Node]) -> tuple[bytes, list[Node]] | None:
         if got is not NotImplemented:
             if got is None:
                 return None
-            return got[0] + _sharding_codes(tape).tobytes(), tape + got[1]
+            codes = None if _c_codes is None else _c_codes(tape, _CODE_BY_ID)  # (~0.3 ms a GPT step less)
+            if codes is None or codes is NotImplemented:
+                codes = _sharding_codes(tape).tobytes()
+            return got[0] + codes, tape + got[1]
     return _structure_py(tape, base, roots)
 
 
@@ -142,6 +145,7 @@ def _structure_py(tape: list[Node], base: int, roots: list[Node]) -> tuple[bytes
 # code. Codes are found by identity first (hashing a NamedSharding runs Python): _CODE_BY_ID maps ids
 # to codes in one C-level pass, and _KEPT keeps those objects alive, so their ids are not reused.
 _c_structure = native.MODULE.structure if native.ON else None
+_c_codes = native.MODULE.sharding_codes if native.ON else None  # None: a sharding without a code yet
 _BY_VALUE: dict[Any, int] = {}
 _CODE_BY_ID: dict[int, int] = {id(None): 0}
 _KEPT: dict[int, Any] = {}

@@ -15,6 +15,7 @@ Invariants relied on elsewhere:
 from __future__ import annotations
 
 import itertools
+import operator
 import threading
 import weakref
 from typing import Any
@@ -45,6 +46,27 @@ _ref, _LIVE_ADD, _LIVE_REMOVE = weakref.ref, LIVE.data.add, LIVE.data.discard
 def live() -> list[Storage]:
     """The live storages (a snapshot: another thread may create storages meanwhile)."""
     return list(filter(None, map(_deref, list(LIVE.data))))  # (C-level passes: a GPT step holds ~800)
+
+
+def pending_py() -> tuple[list[Storage], list[Node]]:
+    """(the live storages whose value is pending (an op node), in creation order; the other live storages' values):
+    :func:`pending`'s Python path (the reference; the path without the C module).
+
+    Example:
+        >>> import torch, xla_dtensor
+        >>> from xla_dtensor.core.tensor import pending_py, storage_of
+        >>> x = torch.ones(2, device=xla_dtensor.device()) + 1
+        >>> any(s is storage_of(x) for s in pending_py()[0])
+        True
+    """
+    stores = live()
+    fns = list(map(_VALUE_FN, stores))
+    waiting = list(itertools.compress(stores, fns))
+    waiting.sort(key=_SEQ_OF)
+    return waiting, list(map(_VALUE, itertools.compress(stores, map(operator.not_, fns))))
+
+
+_VALUE, _VALUE_FN, _SEQ_OF = operator.attrgetter("value"), operator.attrgetter("value.fn"), operator.attrgetter("seq")
 
 
 class Storage:
@@ -414,6 +436,23 @@ if _native.ON:
     new_view = _native.MODULE.new_view  # noqa: F811
     _native.MODULE.configure_write(write)  # (a view's write stays in Python)
     write = _native.MODULE.write  # noqa: F811  (~0.25 us a write less: a fused AdamW step writes ~800)
+
+
+def pending() -> tuple[list[Storage], list[Node]]:
+    """:func:`pending_py` in one C pass where the C module is built (~0.6 ms less a 12-layer GPT step's sync).
+
+    Example:
+        >>> import torch, xla_dtensor
+        >>> from xla_dtensor.core.tensor import pending, storage_of
+        >>> x = torch.ones(2, device=xla_dtensor.device()) + 1
+        >>> any(s is storage_of(x) for s in pending()[0])
+        True
+    """
+    got = NotImplemented if _PENDING_C is None else _PENDING_C()
+    return pending_py() if got is NotImplemented else got
+
+
+_PENDING_C = _native.MODULE.pending_storages if _native.ON else None  # NotImplemented: a storage it does not know
 
 # NOTE: at the end: dispatch imports this module (a function-level import here cost ~0.5 us per op)
 from xla_dtensor.core import dispatch as _dispatch_mod  # noqa: E402

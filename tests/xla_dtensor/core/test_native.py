@@ -535,3 +535,117 @@ def test_constrain_stored_matches_python(consing, monkeypatch):
     for s in stores:
         s.layout = None
     xla_dtensor.sync()
+
+
+# ---------------------------------------------------------------- a sync's first passes
+
+@needs_native
+def test_pending_storages_match_python():
+    """The C scan of the live storages (tensor.pending) against its Python reference: the same pending storages in
+    creation order and the same clean values; a dead storage is in neither; a Python storage makes C decline."""
+    dev = xla_dtensor.device()
+    xla_dtensor.sync()
+    clean = [torch.full((2,), float(i)).to(dev) for i in range(3)]
+    xla_dtensor.sync()
+    late = torch.ones(3, device=dev) * 2  # created last, written first: the order is the storages' creation order
+    clean[1].add_(1)
+    dead = torch.ones(2, device=dev) * 5
+    dead_ref = weakref.ref(T.storage_of(dead))
+    del dead
+    gc.collect()
+    assert dead_ref() is None
+    got_c, got_p = native.MODULE.pending_storages(), T.pending_py()
+    assert [id(s) for s in got_c[0]] == [id(s) for s in got_p[0]]
+    assert [s.seq for s in got_c[0]] == sorted(s.seq for s in got_c[0])
+    assert T.storage_of(clean[1]) in got_c[0] and T.storage_of(late) in got_c[0]
+    assert T.storage_of(clean[0]) not in got_c[0]
+    assert sorted(map(id, got_c[1])) == sorted(map(id, got_p[1]))
+    assert any(v is T.value_of(clean[0]) for v in got_c[1]) and not any(v is T.value_of(clean[1]) for v in got_c[1])
+    py = T.PYTHON["Storage"](T.value_of(clean[2]), T.storage_of(clean[2]).meta)
+    T.LIVE.data.add(weakref.ref(py))
+    try:
+        assert native.MODULE.pending_storages() is NotImplemented
+        assert sum(v is py.value for v in T.pending()[1]) == 2  # the Python path: the clean value twice
+    finally:
+        T.LIVE.data.discard(weakref.ref(py))
+    xla_dtensor.sync()
+    assert late.tolist() == [2.0, 2.0, 2.0] and clean[1].tolist() == [2.0, 2.0]
+
+
+@needs_native
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "distinct"])
+def test_distinct_values_match_python(shared):
+    """executor's C pass over a sync's pending storages (values without repeats, each storage's place, the first
+    storage of each value, its donor and meta) against the Python reference."""
+    from xla_dtensor.core import executor as X
+    dev = xla_dtensor.device()
+    ts = [torch.full((2,), float(i)).to(dev) for i in range(4)]
+    xla_dtensor.sync()
+    for t in ts:
+        t.mul_(2)
+    pending = [T.storage_of(t) for t in ts]
+    if shared:  # storages 1 and 3 hold storage 0's value: one output, as equal optimizer step counters
+        pending[1].value = pending[3].value = pending[0].value
+    got_c, got_p = native.MODULE.distinct_values(list(pending)), X._distinct_values_py(list(pending))
+    assert [len(x) if isinstance(x, list) else x for x in got_c] == [len(x) if isinstance(x, list) else x for x in got_p]
+    for c, p in zip(got_c, got_p):
+        assert c is p is None or all(a is b or a == b for a, b in zip(c, p))
+    values, where, firsts, donors, metas = got_c
+    if shared:
+        assert where == [0, 0, 1, 0] and [id(s) for s in firsts] == [id(pending[0]), id(pending[2])]
+    else:
+        assert where is None and len(values) == 4 and all(a is b for a, b in zip(firsts, pending))
+    assert donors == [s.donor for s in firsts] and metas == [s.meta for s in firsts]
+    py = T.PYTHON["Storage"](pending[0].value, pending[0].meta)
+    assert native.MODULE.distinct_values([py]) is NotImplemented
+    with pytest.raises(TypeError, match="a list of storages"):
+        native.MODULE.distinct_values(tuple(pending))
+    xla_dtensor.sync()
+
+
+@needs_native
+def test_split_packs_matches_python():
+    """A program's packed arguments found in C (packs.split) against the Python reference: the same arguments,
+    packs and wiring bytes; None without a member; the reference's members and positions from the bytes."""
+    from xla_dtensor.core import packs
+    dev = xla_dtensor.device()
+    ws = [torch.ones(3, 2, device=dev) * k for k in range(3)] + [torch.ones(5, device=dev)]
+    big = torch.ones(1, device=dev)
+    xla_dtensor.sync()
+    for w in ws + [big]:
+        w.add_(1)
+    xla_dtensor.sync()  # the second sync packs what the first laid out
+    leaves = [T.value_of(w) for w in (ws[2], big, ws[0], ws[3], ws[1])]
+    assert isinstance(leaves[0].raw, packs.Pack)
+    got_c, got_p = native.MODULE.split_packs(leaves, packs.Pack), packs._split_py(leaves, packs.Pack)
+    assert got_c[2] == got_p[2] and got_c[1] == got_p[1]
+    assert all(a is b for a, b in zip(got_c[0], got_p[0])) and len(got_c[0]) == len(got_p[0])
+    inputs = packs.split(leaves)
+    members = [j for j, n in enumerate(leaves) if type(n.raw) is packs.Pack]
+    assert [j for j, _, _ in inputs.at] == members and [i for _, _, i in inputs.at] == [leaves[j].key[4] for j in members]
+    assert inputs.moved == [(-1 if j in members else sum(k not in members for k in range(j))) for j in range(5)]
+    plain = [n for n in leaves if type(n.raw) is not packs.Pack]
+    assert native.MODULE.split_packs(plain, packs.Pack) is None is packs._split_py(plain, packs.Pack)
+    assert native.MODULE.split_packs([ir.PYTHON["Node"]("x", 1, (), 1, None)], packs.Pack) is NotImplemented
+
+
+@needs_native
+def test_sharding_codes_match_python():
+    """The tape's sharding codes in C (plan_cache) against the Python pass; None for a sharding without a code."""
+    from xla_dtensor.core import plan_cache
+    from jax.sharding import NamedSharding, PartitionSpec
+    import jax
+    dev = xla_dtensor.device()
+    x = torch.ones(4, 4, device=dev) * 2
+    y = (x + 1).sum()
+    tape, _ = ir.recorded()
+    assert native.MODULE.sharding_codes(tape, plan_cache._CODE_BY_ID) == plan_cache._sharding_codes(tape).tobytes()
+    mesh = jax.sharding.Mesh(jax.devices()[:1], ("a",))
+    sh = NamedSharding(mesh, PartitionSpec())
+    tape[-1].sharding = sh  # not coded yet: C declines, Python codes it
+    assert native.MODULE.sharding_codes(tape, plan_cache._CODE_BY_ID) is None
+    want = plan_cache._sharding_codes(tape)
+    assert want[-1] > 0 and native.MODULE.sharding_codes(tape, plan_cache._CODE_BY_ID) == want.tobytes()
+    tape[-1].sharding = None
+    del y
+    xla_dtensor.sync()
