@@ -91,8 +91,9 @@ class Config:
             (``mark_sharding``, ``distribute_tensor``, FSDP, AUTO's plan, and the optimizer
             state of such parameters) are packed too, shard-major (``False``, the default:
             on 8 CPU devices it took 2-4 ms off an AUTO-planned 12-layer GPT step's host
-            time, but the step ran 7-17% longer on the devices, a 2x4 Megatron one ~12%;
-            not yet measured on a GPU).
+            time, but XLA:CPU computes each member's update again in the kernel that packs
+            it, and a 2x4 Megatron step's device CPU time rose 14-31%; not yet measured on a
+            GPU; see docs/lazy_core.md, "Packed state").
     """
 
     cpu_fallback: bool = False

@@ -178,7 +178,7 @@ def lower(plan: Plan, donate_idx: tuple[int, ...] = (), order: list[int] | None 
     if order is not None:
         program = _permuted(program, order)
     if packed_in is not None or packed_out is not None:
-        program = packs.program(program, packed_in, packed_out, donate_idx)
+        program = packs.program(program, packed_in, packed_out)
     with warnings.catch_warnings():
         # NOTE: every leaf buffer no live tensor holds is donated, not only those an output can take over:
         # a backward launched on its own (core.phases) reads activations autograd has freed; XLA reuses
@@ -349,7 +349,7 @@ _ORDERS: dict[tuple, tuple] = {}
 @guard
 def execute(roots: list[Node], donate: set[int] | None = None, partners: list[int | None] | None = None,
             plan: Plan | None = None, donated: list[int] | None = None, out_shardings: tuple | None = None,
-            packed_out: packs.Outputs | None = None, kept_packs: set[int] | None = None) -> list[Any]:
+            packed_out: packs.Outputs | None = None) -> list[Any]:
     """Compute ``roots``; returns their arrays.
 
     ``donate``: ids of leaves whose buffers may be reused; ``partners``: per root, the
@@ -357,8 +357,7 @@ def execute(roots: list[Node], donate: set[int] | None = None, partners: list[in
     caller has it; ``donated``: instead of ``donate``, the positions in ``plan.leaves`` of the
     donatable leaves (ascending); ``out_shardings``: per output, the sharding to compute it in
     (None: as XLA propagates). ``packed_out``: the roots that leave as packs (then the arrays are
-    the other roots', the packs', then the rest); ``kept_packs``: ids of the packs read that a
-    live storage still holds (None: donate no pack).
+    the other roots', the packs', then the rest).
     """
     t0 = time.perf_counter()
     plan, order, donate_idx, key = layout(roots, donate, partners, plan, donated)
@@ -367,7 +366,7 @@ def execute(roots: list[Node], donate: set[int] | None = None, partners: list[in
     if packed_in is None:
         raws = list(map(_RAW, leaves))
     else:
-        donate_idx = packed_in.donated(donate_idx, kept_packs)
+        donate_idx = packed_in.donated(donate_idx)
         raws = packed_in.args
         key = (key, packed_in.sig, donate_idx)
     if packed_out is not None:
@@ -522,10 +521,8 @@ def _sync(pre_hooks: bool, all_threads: bool, pack: bool = True) -> tuple[list[A
     plan = plan_cache.plan(roots, make_plan)
     if deferred:
         plan = _deferred(plan, pending, before)
-    kept_packs: set[int] | None = {id(r) for r in map(_RAW, clean) if type(r) is packs.Pack}
     if foreign or index_checks.PENDING:
         kept |= threads.reached_leaves(foreign + [c.node for c in index_checks.PENDING])
-        kept_packs = None
     n = len(values)
     packed = _packing(plan, metas, held, pre_hooks and pack, donors)
     if packed is None:
@@ -533,7 +530,7 @@ def _sync(pre_hooks: bool, all_threads: bool, pack: bool = True) -> tuple[list[A
     else:
         outsh = packed.shardings(None if held is None else held[0], len(check_roots))
     arrays = execute(roots, None, donors + [None] * len(check_roots), plan, _donated(plan, kept), outsh,
-                     packed, kept_packs)
+                     packed)
     clear_cons()  # the graph it indexes is computed; the next step starts a fresh table
     if packed is None:
         leaves = out_leaves(arrays[:n], metas)

@@ -16,16 +16,17 @@ group leaves the program as one **pack** of shape ``(rows, columns)``:
   devices; every tensor of a pack is split over the same mesh axes, in the same order;
 * each storage's new value is a device-data leaf whose ``raw`` is its :class:`Pack` and whose
   key's fifth entry is its place in it; the next program takes the pack as one argument,
-  slices its members inside (:class:`Inputs`) and, when the pack is donated, writes the new
-  pack of the same layout over it in place (:meth:`Layout.pack_into`);
+  slices its members inside (:class:`Inputs`) and writes each new pack into a new buffer
+  (:meth:`Layout.pack`; the old pack is freed when no storage holds a member of it);
 * anything else that reads such a leaf's ``data`` (a host read, eager mode, ``compile``'s
   replay, a checkpoint) gets its own array: the whole pack is unpacked in one program, once,
   and the arrays are kept while the pack lives (its members' memory twice, until the next
   sync rewrites them).
 
-A pack is donated to the next program when no live storage outside that program's pending
-writes holds one of its members, and no other thread's pending work reads one
-(``executor._sync``). Packing is off under ``compile``'s capture;
+A pack is never donated: written over its old self, XLA copied the whole pack twice a step
+(:meth:`Layout.pack`). A new pack costs the same peak memory (the old pack and the new one, against
+the old one and two copies), and a tensor over :data:`MAX_BYTES` is never packed. Packing is off
+under ``compile``'s capture;
 ``xla_dtensor.config.pack_state = False`` turns it off.
 
 Example:
@@ -91,21 +92,20 @@ class Layout:
         return sum(self.sizes)
 
     def pack(self, values: list[Any]) -> Any:
-        """The pack of ``values`` (traced; the program's output sharding is :attr:`sharding`)."""
-        for v, shape in zip(values, self.shapes):
+        """The pack of ``values`` (traced; the program's output sharding is :attr:`sharding`): each written in
+        place into a new pack of zeros.
+
+        NOTE: a new pack, not the old one donated: XLA could not order every read of the old pack before the
+        first write into it and copied the whole pack twice a step; a ``concatenate`` made every member an
+        array of its own first, then copied them (docs/lazy_core.md, "Packed state")."""
+        out = jax.numpy.zeros((self.rows, self.columns), self.dtype)
+        if self.out_sharding is not None:
+            out = jax.lax.with_sharding_constraint(out, self.sharding)
+        for v, shape, split, off in zip(values, self.shapes, self.splits, self.offsets):
             if tuple(v.shape) != shape:  # NOTE: a bug, never silent: a value's shape is its storage's
                 raise AssertionError(f"packing a value of shape {tuple(v.shape)} as {shape}")
-        rows = [_to_rows(v, split, self.rows) for v, split in zip(values, self.splits)]
-        return jax.numpy.concatenate(rows, axis=1) if len(rows) > 1 else rows[0]
-
-    def pack_into(self, old: Any, values: list[Any]) -> Any:
-        """:meth:`pack` written over ``old``, a pack of this layout (donated: the new pack gets its buffer).
-
-        NOTE: not in place inside the program: XLA copies the old pack twice a step to write it (its reads
-        are not all ordered before the first write; see docs/lazy_core.md, "Packed state")."""
-        for v, split, off in zip(values, self.splits, self.offsets):
-            old = jax.lax.dynamic_update_slice_in_dim(old, _to_rows(v, split, self.rows).astype(old.dtype), off, axis=1)
-        return old
+            out = jax.lax.dynamic_update_slice_in_dim(out, _to_rows(v, split, self.rows).astype(out.dtype), off, axis=1)
+        return out
 
     def unpack(self, pack: Any, i: int) -> Any:
         """Member ``i`` of ``pack`` (traced), in its own layout."""
@@ -162,7 +162,7 @@ def read(node: Any) -> Any:
     pack = node.raw
     if pack.arrays is None:
         if pack.array.is_deleted():
-            raise RuntimeError(f"{node!r} is a member of {pack!r}, whose buffer a later program took over (donated); "
+            raise RuntimeError(f"{node!r} is a member of {pack!r}, whose buffer was freed; "
                                "no live tensor holds this value any more")
         pack.arrays = pack.layout.unpack_all(pack.array)
     return pack.arrays[node.key[4]]
@@ -429,16 +429,14 @@ class Inputs:
             k += j not in members
         return out
 
-    def donated(self, donate_idx: tuple[int, ...], kept: set[int] | None) -> tuple[int, ...]:
-        """The donated positions among :attr:`args`: ``donate_idx`` (argument positions, none a member's)
-        moved, and each pack that no storage in ``kept`` (ids of packs; None: donate none) holds."""
-        # NOTE: a member's position among them (a plan laid out when it was an array) is left out: its pack decides
-        moved = self.moved if donate_idx else []
-        plain = [k for k in map(moved.__getitem__, donate_idx) if k >= 0]
-        m = len(self.args) - len(self.packs)
-        if kept is None:
-            return tuple(plain)
-        return tuple(plain + [m + g for g, p in enumerate(self.packs) if id(p) not in kept])
+    def donated(self, donate_idx: tuple[int, ...]) -> tuple[int, ...]:
+        """The donated positions among :attr:`args`: ``donate_idx`` (argument positions, none a member's) moved.
+        No pack is donated (:meth:`Layout.pack`)."""
+        # NOTE: a member's position among them (a plan laid out when it was an array) is left out
+        if not donate_idx:
+            return ()
+        moved = self.moved
+        return tuple(k for k in map(moved.__getitem__, donate_idx) if k >= 0)
 
     def unpacked(self, args: tuple) -> list[Any]:
         """Every argument's value (traced) from :attr:`args`, each member sliced from its pack."""
@@ -482,27 +480,14 @@ def split(leaves: list[Any]) -> Inputs | None:
 _SPLIT_C = ir._native.MODULE.split_packs if ir._native.ON else None  # (~0.3 ms less a GPT step's sync, one pass)
 
 
-def program(run: Callable[..., tuple], inputs: Inputs | None, outputs: Outputs | None,
-            donated: tuple[int, ...]) -> Callable[..., tuple]:
+def program(run: Callable[..., tuple], inputs: Inputs | None, outputs: Outputs | None) -> Callable[..., tuple]:
     """``run`` (a plan's program, its arguments in argument order) taking them with their packs (``inputs``) and
-    returning its values packed (``outputs``). A pack is written into a donated argument pack of its layout, in
-    place, when there is one."""
-    reuse: dict[int, int] = {}
-    if inputs is not None and outputs is not None:
-        m = len(inputs.args) - len(inputs.packs)
-        free = [m + h for h, p in enumerate(inputs.packs) if m + h in donated]
-        for g, (lay, _) in enumerate(outputs.groups):
-            pos = next((j for j in free if inputs.packs[j - m].layout is lay), None)
-            if pos is not None:
-                reuse[g] = pos
-                free.remove(pos)
-
+    returning its values packed (``outputs``)."""
     def packed(*args: Any) -> tuple:
         outs = run(*(args if inputs is None else inputs.unpacked(args)))
         if outputs is None:
             return outs
         n = len(outputs.inverse)
-        made = [lay.pack_into(args[reuse[g]], [outs[k] for k in ks]) if g in reuse else lay.pack([outs[k] for k in ks])
-                for g, (lay, ks) in enumerate(outputs.groups)]
+        made = [lay.pack([outs[k] for k in ks]) for lay, ks in outputs.groups]
         return tuple(outs[k] for k in outputs.kept) + tuple(made) + tuple(outs[n:])
     return packed
