@@ -2181,7 +2181,8 @@ pending_storages(PyObject *self, PyObject *unused)
                 goto done;
             continue;
         }
-        if (!Py_IS_TYPE(obj, &StorageType) || !Py_IS_TYPE(((StorageObject *)obj)->value, &NodeType)) {
+        if (!Py_IS_TYPE(obj, &StorageType) || ((StorageObject *)obj)->value == NULL ||
+                !Py_IS_TYPE(((StorageObject *)obj)->value, &NodeType)) {  /* (a deleted field: Python's answer) */
             Py_DECREF(obj);
             result = Py_NewRef(Py_NotImplemented);
             goto done;
@@ -2226,9 +2227,11 @@ distinct_values(PyObject *self, PyObject *pending)
         return NULL;
     }
     Py_ssize_t n = PyList_GET_SIZE(pending);
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (!Py_IS_TYPE(PyList_GET_ITEM(pending, i), &StorageType))
-            Py_RETURN_NOTIMPLEMENTED;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        StorageObject *s = (StorageObject *)PyList_GET_ITEM(pending, i);
+        if (!Py_IS_TYPE(s, &StorageType) || s->value == NULL || s->donor == NULL || s->meta == NULL)
+            Py_RETURN_NOTIMPLEMENTED;  /* (a deleted field: Python's answer) */
+    }
     size_t size = 16;
     while (size < 2 * (size_t)n)
         size <<= 1;
