@@ -51,13 +51,6 @@ def live() -> list[Storage]:
 def pending_py() -> tuple[list[Storage], list[Node]]:
     """(the live storages whose value is pending (an op node), in creation order; the other live storages' values):
     :func:`pending`'s Python path (the reference; the path without the C module).
-
-    Example:
-        >>> import torch, xla_dtensor
-        >>> from xla_dtensor.core.tensor import pending_py, storage_of
-        >>> x = torch.ones(2, device=xla_dtensor.device()) + 1
-        >>> any(s is storage_of(x) for s in pending_py()[0])
-        True
     """
     stores = live()
     fns = list(map(_VALUE_FN, stores))
