@@ -2156,7 +2156,7 @@ live_object(PyObject *ref)
 }
 
 /* pending_storages(): (the live storages whose value is an op node, in creation order; the values of the
- * others) -- executor._pending_storages_py. NotImplemented when a live object is not a C Storage holding a Node. */
+ * others) -- tensor.pending_py. NotImplemented when a live object is not a C Storage holding a Node. */
 static PyObject *
 pending_storages(PyObject *self, PyObject *unused)
 {
@@ -2469,7 +2469,7 @@ static PyMethodDef methods[] = {
     {"torch_dispatch", (PyCFunction)(void (*)(void))torch_dispatch, METH_FASTCALL | METH_KEYWORDS,
      "LazyTensor.__torch_dispatch__ in C (wrap in classmethod)."},
     {"pending_storages", (PyCFunction)pending_storages, METH_NOARGS,
-     "pending_storages(): executor._pending_storages_py in C (the live storages with a pending value)."},
+     "pending_storages(): tensor.pending_py in C (the live storages with a pending value)."},
     {"distinct_values", (PyCFunction)distinct_values, METH_O,
      "distinct_values(pending): executor._distinct_values_py in C."},
     {"split_packs", (PyCFunction)(void (*)(void))split_packs, METH_FASTCALL,
