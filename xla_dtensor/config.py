@@ -94,6 +94,12 @@ class Config:
             time, but XLA:CPU computes each member's update again in the kernel that packs
             it, and a 2x4 Megatron step's device CPU time rose 14-31%; not yet measured on a
             GPU; see docs/lazy_core.md, "Packed state").
+        free_on_helper: after ``sync()``, the step's old graph (and with it the arrays the
+            program read) is freed on a helper thread, while the caller records the next step
+            (``True``, the default): freeing a 12-layer GPT step's 591 state arrays split over 8
+            CPU devices cost the calling thread ~4 ms, and JAX frees them mostly without the
+            GIL. ``sync(wait=True)`` and ``wait()`` return once it is freed. ``False``: freed by
+            the thread that syncs. See ``xla_dtensor/core/reaper.py``.
     """
 
     cpu_fallback: bool = False
@@ -112,6 +118,7 @@ class Config:
     launch_at_backward: bool | None = None
     pack_state: bool = True
     pack_mesh_state: bool = False
+    free_on_helper: bool = True
 
     def __setattr__(self, name: str, value: object) -> None:
         if name not in type(self).__dataclass_fields__:
@@ -123,7 +130,7 @@ class Config:
                 not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         if name in ("fused_attention", "fused_linear", "fused_optimizers", "backward_on_caller", "pack_state",
-                    "pack_mesh_state") and \
+                    "pack_mesh_state", "free_on_helper") and \
                 not isinstance(value, bool):
             raise ValueError(f"{name} must be True or False, got {value!r}")
         if name == "launch_at_backward" and value not in (None, True, False):

@@ -22,7 +22,7 @@ import torch
 
 from xla_dtensor import metrics
 from xla_dtensor.config import config
-from xla_dtensor.core import index_checks, native, packs, plan_cache, state, threads
+from xla_dtensor.core import index_checks, native, packs, plan_cache, reaper, state, threads
 from xla_dtensor.core.dtypes import to_jax
 from xla_dtensor.core.ir import DATA, Node, clear_cons, data_leaf, tape
 from xla_dtensor.core.peer_errors import guard
@@ -483,6 +483,8 @@ def sync(wait: bool = False, *, pre_hooks: bool = True, all_threads: bool = Fals
         arrays, checks, checked, me = _sync(pre_hooks, all_threads, pack)
     if wait and arrays:
         _await(arrays)
+    if wait:
+        reaper.drain()
     if index_checks.LAUNCHED:
         index_checks.verify_launched(me)  # programs launched before this one: waiting on them keeps ours queued
     if wait:
@@ -542,6 +544,10 @@ def _sync(pre_hooks: bool, all_threads: bool, pack: bool = True) -> tuple[list[A
     _rebind(pending, where, leaves)  # storages that held one value share its leaf; the leaves taped
     for hook in POST_SYNC:
         hook(pending)
+    # NOTE: the step's old graph, and the arrays it read, freed beside the next step's recording (core.reaper);
+    # the names below were its last references here
+    reaper.drop((before, values, roots, plan))
+    del before, values, roots, plan
     return done, checks, checked, owner
 
 
@@ -735,6 +741,7 @@ def wait() -> None:
     with threads.held():
         arrays = [a for a in (packs.array_of(s.value) for s in live() if s.value.fn is None) if isinstance(a, jax.Array)]
     _await(arrays)
+    reaper.drain()
     index_checks.verify_launched(threads.me() if STATE.multi else None)
 
 

@@ -1,0 +1,149 @@
+"""The helper thread that frees a sync's old graph (xla_dtensor/core/reaper.py).
+
+Oracles: weak-reference callbacks, which run on the thread that frees their object (which
+thread freed a step's old arrays, and when); torch CPU eager for the losses of the steps
+(``tests/_train.py``), one device and 8 devices under DP, 2x4 Megatron, FSDP and AUTO.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import xla_dtensor
+from tests._train import MLP_BATCHES, mlp, sharded_mlp, train
+from xla_dtensor.core import reaper
+from xla_dtensor.core.tensor import value_of
+
+DEV = xla_dtensor.device()
+MODES = ["one", "dp", "megatron", "fsdp", "auto"]
+
+
+@pytest.fixture
+def helper_off():
+    xla_dtensor.config.free_on_helper = False
+    yield
+    xla_dtensor.config.free_on_helper = True
+
+
+def _model(mode: str):
+    model = mlp()
+    return (model.to(DEV), lambda t: t.to(DEV)) if mode == "one" else sharded_mlp(mode, model, DEV)
+
+
+def _watched_step(mode: str, wait: bool) -> tuple[list[int], int, int]:
+    """Train :func:`mlp` laid out for ``mode`` two steps like torch CPU, then watch a third: (the threads
+    that freed the arrays the parameters held before it, how many were watched, how many were freed when
+    ``sync(wait=wait)`` returned)."""
+    model, put = _model(mode)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loss_of = lambda x, y: F.mse_loss(model(x), y)  # noqa: E731
+    ref = mlp()
+    want = train(lambda x, y: F.mse_loss(ref(x), y), MLP_BATCHES[:2], torch.optim.AdamW(ref.parameters(), lr=1e-2))
+    got = train(loss_of, MLP_BATCHES[:2], opt, put=put, sync=lambda: xla_dtensor.sync(wait=True))
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-6)
+    freed: list[int] = []
+    # one device: the parameters are members of one pack; on a mesh, arrays of their own
+    olds = {id(r): r for r in (value_of(p).raw for p in model.parameters())}
+    refs = [weakref.ref(r, lambda _: freed.append(threading.get_ident())) for r in olds.values()]
+    del olds
+    x, y = MLP_BATCHES[2]
+    loss_of(put(x), put(y)).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    xla_dtensor.sync(wait=wait)
+    at_return = len(freed)
+    xla_dtensor.wait()
+    assert all(r() is None for r in refs)
+    return freed, len(refs), at_return
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_steps_old_arrays_are_freed_on_the_helper_and_wait_waits_for_it(mode):
+    freed, watched, _ = _watched_step(mode, wait=False)
+    assert watched >= 1 and len(freed) == watched
+    assert set(freed) == {reaper._REAPER.thread.ident} != {threading.get_ident()}
+    assert reaper.queued() == 0
+
+
+def test_sync_wait_returns_once_the_old_arrays_are_freed():
+    freed, watched, at_return = _watched_step("megatron", wait=True)
+    assert at_return == watched == len(freed) == 4
+
+
+@pytest.mark.parametrize("mode", ["one", "megatron"])
+def test_off_the_caller_frees_them_before_sync_returns(mode, helper_off):
+    freed, watched, at_return = _watched_step(mode, wait=False)
+    assert at_return == watched == len(freed)
+    assert set(freed) == {threading.get_ident()}
+
+
+class _Blocker:
+    """Freed only when ``gate`` opens (a helper busy with a large graph)."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        self.gate = gate
+
+    def __del__(self) -> None:
+        self.gate.wait(10)
+
+
+class _Mark:
+    def __init__(self, seen: list[int]) -> None:
+        self.seen = seen
+
+    def __del__(self) -> None:
+        self.seen.append(threading.get_ident())
+
+
+def test_a_starved_helper_holds_at_most_max_queued_graphs():
+    gate, seen = threading.Event(), []
+    try:
+        reaper.drop([_Blocker(gate)])
+        for _ in range(reaper.MAX_QUEUED - 1):
+            reaper.drop([object()])
+        assert reaper.queued() == reaper.MAX_QUEUED
+        reaper.drop([_Mark(seen)])  # one more: the caller frees it, as its reference dies
+        assert seen == [threading.get_ident()]
+        assert reaper.queued() == reaper.MAX_QUEUED
+    finally:
+        gate.set()
+    reaper.drain()
+    assert reaper.queued() == 0
+    reaper.drop([_Mark(seen)])
+    reaper.drain()
+    assert seen[1] == reaper._REAPER.thread.ident != threading.get_ident()
+
+
+def test_a_forked_child_starts_its_own_helper():
+    reaper.drop([object()])
+    reaper.drain()
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # JAX warns that fork() and its threads do not mix: the child runs no JAX
+        pid = os.fork()
+    if pid == 0:  # the child: the parent's helper thread is not here
+        try:
+            seen: list[int] = []
+            reaper.drop([_Mark(seen)])
+            reaper.drain()
+            ok = len(seen) == 1 and seen[0] not in (threading.get_ident(), 0)
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    got = os.read(read, 1)
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert got == b"1"
+
+
+def test_the_option_takes_only_a_bool():
+    with pytest.raises(ValueError, match="free_on_helper must be True or False, got 'yes'"):
+        xla_dtensor.config.free_on_helper = "yes"
+    assert xla_dtensor.config.free_on_helper is True
