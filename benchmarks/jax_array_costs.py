@@ -34,6 +34,11 @@ replicated): the calling thread's ms per step (the call and dropping the last st
 the wall ms per step run back to back (the device's time, the host's being far less), and the
 collectives in the packed program (0: packing moves no data between devices).
 
+Last, whether freeing arrays needs the GIL (``xla_dtensor/core/reaper.py`` frees a sync's old graph on
+a helper thread): per layout, a pure-Python loop's wall ms alone and beside a helper thread that frees
+``--arrays`` donated arrays, the same free's calling-thread ms inline, and the helper's CPU ms. A loop as
+fast beside the helper as alone means the free ran without the GIL.
+
 Usage: PYTHONPATH=. python benchmarks/jax_array_costs.py [--arrays 600] [--reps 15]
 
 Writes ``benchmarks/results/jax_array_costs.{md,json,png}``. A benchmark, not a test.
@@ -216,6 +221,45 @@ def measure_chain(mesh: Any, packed: bool, reps: int) -> dict[str, float]:
             "collectives": sum(text.count(f" {c}(") + text.count(f" {c}-start(") for c in COLLECTIVES)}
 
 
+def _loop_ms(n: int = 300_000) -> float:
+    """Wall ms of a pure-Python loop (it holds the GIL throughout)."""
+    w0, total = time.perf_counter(), 0
+    for i in range(n):
+        total += i
+    return 1e3 * (time.perf_counter() - w0)
+
+
+def measure_free_beside(sharding: Any, n: int, reps: int) -> dict[str, float]:
+    """Medians over ``reps``: the loop alone, beside a helper freeing ``n`` donated arrays, the free inline
+    (calling-thread ms) and on the helper (its CPU ms)."""
+    import threading
+    host = np.ones((8, 64), np.float32)
+    xs = [jax.device_put(host, sharding) for _ in range(n)]
+    chain = jax.jit(lambda *a: [x * 1.0001 for x in a], donate_argnums=tuple(range(n))).lower(*xs).compile()
+    got: dict[str, list[float]] = {"loop alone": [], "loop beside the helper": [], "free inline": [],
+                                   "free on the helper (CPU)": []}
+
+    def step(old: list[Any]) -> tuple[list[Any], list[Any]]:
+        new = chain(*old)
+        jax.block_until_ready(new)
+        return new, old
+
+    for _ in range(reps):
+        xs, old = step(xs)
+        got["loop alone"].append(_loop_ms())
+        box, cpu = [old], []
+        del old
+        helper = threading.Thread(target=lambda: cpu.append(_timed(box.clear)[0]))
+        helper.start()
+        got["loop beside the helper"].append(_loop_ms())
+        helper.join()
+        got["free on the helper (CPU)"].append(1e3 * cpu[0])
+        xs, old = step(xs)
+        got["free inline"].append(1e3 * _timed(old.clear)[0])
+        del old
+    return {k: statistics.median(v) for k, v in got.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arrays", type=int, default=600)
@@ -249,10 +293,16 @@ def main() -> None:
               "| layout, state | arrays | host ms | wall ms | collectives |", "|---|---|---|---|---|"]
     lines += [f"| {k} | {r['arrays']} | {r['host_ms']:.2f} | {r['wall_ms']:.2f} | {r['collectives']} |"
               for k, r in chains.items()]
+    frees = {name: measure_free_beside(sh, a.arrays, a.reps) for name, sh in layouts.items()}
+    cols = list(next(iter(frees.values())))
+    lines += ["", f"Freeing {a.arrays} donated arrays beside a pure-Python loop: ms, the median of {a.reps} runs.", "",
+              "| layout | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    lines += [f"| {name} | " + " | ".join(f"{r[c]:.2f}" for c in cols) + " |" for name, r in frees.items()]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "jax_array_costs.md").write_text("\n".join(lines) + "\n")
     (RESULTS / "jax_array_costs.json").write_text(json.dumps({"rows": rows, "floor_ms": floors, "gpt_step": GPT_STEP,
-                                                               "state_chain": chains, "arrays": a.arrays,
+                                                               "state_chain": chains, "free_beside": frees,
+                                                               "arrays": a.arrays,
                                                                "reps": a.reps}, indent=1))
     print("\n".join(lines))
     paired_bars(RESULTS / "jax_array_costs.png", list(PARTS), [one[k] for k in PARTS],
