@@ -17,6 +17,7 @@ Example:
     >>> from xla_dtensor.core import reaper
     >>> reaper.drop([object()])
     >>> reaper.drain()
+    True
     >>> reaper.queued()
     0
 """
@@ -74,14 +75,13 @@ def drop(garbage: Any) -> None:
     r.queue.put(garbage)
 
 
-def drain() -> None:
-    """Wait until every graph handed to :func:`drop` is freed."""
+def drain(timeout: float | None = None) -> bool:
+    """Wait until every graph handed to :func:`drop` is freed, or ``timeout`` seconds; whether it was."""
     r = _REAPER
     if not r.waiting:
-        return
+        return True
     with r.idle:
-        while r.waiting:
-            r.idle.wait()
+        return r.idle.wait_for(lambda: not r.waiting, timeout)
 
 
 def queued() -> int:
@@ -97,5 +97,6 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
-# NOTE: freed before the interpreter tears JAX's backends down, not by a daemon thread during it
-atexit.register(drain)
+# NOTE: freed before the interpreter tears JAX's backends down, not by a daemon thread during it (a helper stuck
+# in some object's finalizer does not hold the exit up for more than a minute)
+atexit.register(drain, 60.0)

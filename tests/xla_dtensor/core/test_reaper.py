@@ -111,9 +111,10 @@ def test_a_starved_helper_holds_at_most_max_queued_graphs():
         reaper.drop([_Mark(seen)])  # one more: the caller frees it, as its reference dies
         assert seen == [threading.get_ident()]
         assert reaper.queued() == reaper.MAX_QUEUED
+        assert reaper.drain(0.05) is False  # (what exit waits, at most a minute)
     finally:
         gate.set()
-    reaper.drain()
+    assert reaper.drain() is True
     assert reaper.queued() == 0
     reaper.drop([_Mark(seen)])
     reaper.drain()
