@@ -94,12 +94,13 @@ class Config:
             time, but XLA:CPU computes each member's update again in the kernel that packs
             it, and a 2x4 Megatron step's device CPU time rose 14-31%; not yet measured on a
             GPU; see docs/lazy_core.md, "Packed state").
-        free_on_helper: after ``sync()``, the step's old graph (and with it the arrays the
-            program read) is freed on a helper thread, while the caller records the next step
-            (``True``, the default): freeing a 12-layer GPT step's 591 state arrays split over 8
-            CPU devices cost the calling thread ~4 ms, and JAX frees them mostly without the
-            GIL. ``sync(wait=True)`` and ``wait()`` return once it is freed. ``False``: freed by
-            the thread that syncs. See ``xla_dtensor/core/reaper.py``.
+        free_on_helper: after a ``sync()`` whose program runs on several devices, the step's
+            old graph (and with it the arrays the program read) is freed on a helper thread,
+            while the caller records the next step (``True``, the default): freeing a 12-layer
+            GPT step's 591 state arrays split over 8 CPU devices cost the calling thread ~4 ms,
+            and JAX frees them mostly without the GIL. ``sync(wait=True)`` and ``wait()``
+            return once it is freed. ``False``: freed by the thread that syncs, as on one
+            device. See ``xla_dtensor/core/reaper.py``.
     """
 
     cpu_fallback: bool = False

@@ -544,10 +544,12 @@ def _sync(pre_hooks: bool, all_threads: bool, pack: bool = True) -> tuple[list[A
     _rebind(pending, where, leaves)  # storages that held one value share its leaf; the leaves taped
     for hook in POST_SYNC:
         hook(pending)
-    # NOTE: the step's old graph, and the arrays it read, freed beside the next step's recording (core.reaper);
-    # the names below were its last references here
-    reaper.drop((before, values, roots, plan))
-    del before, values, roots, plan
+    if packs.one_device(plan.struct, plan.leaves) is None:
+        # NOTE: a program on several devices: the step's old graph, and the arrays it read, freed beside the next
+        # step's recording (core.reaper); the names below were its last references here. On one device the free
+        # is short (its state is a few packs) and a helper thread's wake-ups cost the next step more
+        reaper.drop((before, values, roots, plan))
+        del before, values, roots, plan
     return done, checks, checked, owner
 
 

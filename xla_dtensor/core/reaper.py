@@ -3,9 +3,10 @@
 When ``sync()`` has rebound every pending storage to its new array, the step's graph is
 garbage: ~2,000 nodes and the leaves of the arrays the program read. Dropping it frees
 those arrays, and JAX's work per freed array grows with its shards: a 12-layer GPT step's
-591 state arrays, split over 8 CPU devices, cost the calling thread ~4 ms to free (0.26 ms
-on one device, where they are a few packs). JAX releases the GIL for most of it, so a
-helper thread frees them while the caller records the next step.
+591 state arrays, split over 8 CPU devices, cost the calling thread ~4 ms to free. JAX
+releases the GIL for most of it, so a helper thread frees them while the caller records the
+next step. A program on one device is freed by the caller (``executor._sync``): its state is
+a few packs (0.26 ms), and there the helper's wake-ups made back-to-back steps slower.
 
 :func:`drop` hands the garbage to the helper (started on first use, again after a fork);
 :func:`drain` waits until all of it is freed: ``sync(wait=True)`` and ``wait()`` drain, so
