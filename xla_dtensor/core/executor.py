@@ -544,10 +544,11 @@ def _sync(pre_hooks: bool, all_threads: bool, pack: bool = True) -> tuple[list[A
     _rebind(pending, where, leaves)  # storages that held one value share its leaf; the leaves taped
     for hook in POST_SYNC:
         hook(pending)
-    if packs.one_device(plan.struct, plan.leaves) is None:
+    if config.donate and packs.one_device(plan.struct, plan.leaves) is None:
         # NOTE: a program on several devices: the step's old graph, and the arrays it read, freed beside the next
         # step's recording (core.reaper); the names below were its last references here. On one device the free
-        # is short (its state is a few packs) and a helper thread's wake-ups cost the next step more
+        # is short (its state is a few packs) and a helper thread's wake-ups cost the next step more. Without
+        # donation the old arrays still hold their memory: freed here, at once
         reaper.drop((before, values, roots, plan))
         del before, values, roots, plan
     return done, checks, checked, owner

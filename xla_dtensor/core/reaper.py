@@ -10,7 +10,7 @@ a few packs (0.26 ms), and there the helper's wake-ups made back-to-back steps s
 
 :func:`drop` hands the garbage to the helper (started on first use, again after a fork);
 :func:`drain` waits until all of it is freed: ``sync(wait=True)`` and ``wait()`` drain, so
-after them nothing a finished step read is alive. At most :data:`MAX_QUEUED` graphs wait:
+after them nothing a finished step read is alive. At most :data:`MAX_QUEUED` graph waits:
 beyond that the caller frees its own, so a starved helper never holds more than that in memory.
 ``config.free_on_helper = False`` frees every graph on the calling thread.
 
@@ -32,8 +32,9 @@ from typing import Any
 
 from xla_dtensor.config import config
 
-MAX_QUEUED = 2
-"""Graphs that may wait for the helper; a third is freed by the caller."""
+MAX_QUEUED = 1
+"""Graphs that may wait for the helper (one: the previous step's); one more is freed by the caller. A step's
+donated arrays hold no memory, but a graph also holds the buffers nothing donated (a pack, an input)."""
 
 
 class _Reaper:

@@ -89,6 +89,17 @@ def test_off_the_caller_frees_them_before_sync_returns(helper_off):
     assert set(freed) == {threading.get_ident()}
 
 
+def test_without_donation_the_caller_frees_them_before_sync_returns():
+    """(the old arrays still hold their buffers: no memory waits for the helper)"""
+    xla_dtensor.config.donate = False
+    try:
+        freed, watched, at_return = _watched_step("megatron", wait=False)
+    finally:
+        xla_dtensor.config.donate = True
+    assert at_return == watched == len(freed) == 4
+    assert set(freed) == {threading.get_ident()}
+
+
 class _Blocker:
     """Freed only when ``gate`` opens (a helper busy with a large graph)."""
 
