@@ -481,9 +481,8 @@ def sync(wait: bool = False, *, pre_hooks: bool = True, all_threads: bool = Fals
     """
     with threads.held():
         arrays, checks, checked, me = _sync(pre_hooks, all_threads, pack)
-    if wait and arrays:
-        _await(arrays)
     if wait:
+        _await(arrays)
         reaper.drain()
     if index_checks.LAUNCHED:
         index_checks.verify_launched(me)  # programs launched before this one: waiting on them keeps ours queued
@@ -526,7 +525,8 @@ def _sync(pre_hooks: bool, all_threads: bool, pack: bool = True) -> tuple[list[A
     if foreign or index_checks.PENDING:
         kept |= threads.reached_leaves(foreign + [c.node for c in index_checks.PENDING])
     n = len(values)
-    packed = _packing(plan, metas, held, pre_hooks and pack, donors)
+    one = packs.one_device(plan.struct, plan.leaves)  # its SingleDeviceSharding, or None: several devices
+    packed = _packing(plan, metas, held, pre_hooks and pack, donors, one)
     if packed is None:
         outsh = None if held is None else held[0] + (None,) * len(check_roots)
     else:
@@ -544,7 +544,7 @@ def _sync(pre_hooks: bool, all_threads: bool, pack: bool = True) -> tuple[list[A
     _rebind(pending, where, leaves)  # storages that held one value share its leaf; the leaves taped
     for hook in POST_SYNC:
         hook(pending)
-    if config.donate and packs.one_device(plan.struct, plan.leaves) is None:
+    if config.donate and one is None:
         # NOTE: a program on several devices: the step's old graph, and the arrays it read, freed beside the next
         # step's recording (core.reaper); the names below were its last references here. On one device the free
         # is short (its state is a few packs) and a helper thread's wake-ups cost the next step more. Without
@@ -555,16 +555,16 @@ def _sync(pre_hooks: bool, all_threads: bool, pack: bool = True) -> tuple[list[A
 
 
 def _packing(plan: Plan, metas: list[tuple], held: tuple | None, pack: bool,
-             donors: list[int | None]) -> packs.Outputs | None:
+             donors: list[int | None], one: Any) -> packs.Outputs | None:
     """Which of a sync's values leave its program packed (:mod:`.packs`), or None: none (packing is off,
-    the caller asked for none, or ``compile`` records). ``donors``: per value, the id of the leaf it overwrites."""
+    the caller asked for none, or ``compile`` records). ``donors``: per value, the id of the leaf it overwrites;
+    ``one``: the device the whole program runs on (:func:`.packs.one_device`), or None."""
     if not config.pack_state or not pack or STATE.capturing:
         return None
     def fed() -> list[bool]:
         operands = packs.matrix_operands(plan.order)
         return [d in operands for d in donors]
-    return packs.outputs(plan.struct, plan.outs, metas, None if held is None else held[0],
-                         packs.one_device(plan.struct, plan.leaves), fed)
+    return packs.outputs(plan.struct, plan.outs, metas, None if held is None else held[0], one, fed)
 
 
 _RAN: Any = None  # the executable execute() ran last (under the lock)
