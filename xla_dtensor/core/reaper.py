@@ -10,7 +10,7 @@ a few packs (0.26 ms), and there the helper's wake-ups made back-to-back steps s
 
 :func:`drop` hands the garbage to the helper (started on first use, again after a fork);
 :func:`drain` waits until all of it is freed: ``sync(wait=True)`` and ``wait()`` drain, so
-after them nothing a finished step read is alive. At most :data:`MAX_QUEUED` graph waits:
+after them nothing a finished step read is alive. At most :data:`MAX_QUEUED` graphs wait:
 beyond that the caller frees its own, so a starved helper never holds more than that in memory.
 ``config.free_on_helper = False`` frees every graph on the calling thread.
 

@@ -24,13 +24,6 @@ DEV = xla_dtensor.device()
 SHARDED = ["dp", "megatron", "fsdp", "auto"]
 
 
-@pytest.fixture
-def helper_off():
-    xla_dtensor.config.free_on_helper = False
-    yield
-    xla_dtensor.config.free_on_helper = True
-
-
 def _model(mode: str):
     model = mlp()
     return (model.to(DEV), lambda t: t.to(DEV)) if mode == "one" else sharded_mlp(mode, model, DEV)
@@ -83,19 +76,11 @@ def test_on_one_device_the_caller_frees_them_before_sync_returns():
     assert set(freed) == {threading.get_ident()}
 
 
-def test_off_the_caller_frees_them_before_sync_returns(helper_off):
+@pytest.mark.parametrize("option", ["free_on_helper", "donate"])
+def test_with_the_helper_or_donation_off_the_caller_frees_them_before_sync_returns(option, monkeypatch):
+    """(without donation the old arrays still hold their buffers: no memory waits for the helper)"""
+    monkeypatch.setattr(xla_dtensor.config, option, False)
     freed, watched, at_return = _watched_step("megatron", wait=False)
-    assert at_return == watched == len(freed) == 4
-    assert set(freed) == {threading.get_ident()}
-
-
-def test_without_donation_the_caller_frees_them_before_sync_returns():
-    """(the old arrays still hold their buffers: no memory waits for the helper)"""
-    xla_dtensor.config.donate = False
-    try:
-        freed, watched, at_return = _watched_step("megatron", wait=False)
-    finally:
-        xla_dtensor.config.donate = True
     assert at_return == watched == len(freed) == 4
     assert set(freed) == {threading.get_ident()}
 
