@@ -24,7 +24,7 @@ from xla_dtensor import metrics
 from xla_dtensor.config import config
 from xla_dtensor.core import index_checks, native, packs, plan_cache, reaper, state, threads
 from xla_dtensor.core.dtypes import to_jax
-from xla_dtensor.core.ir import DATA, Node, clear_cons, data_leaf, tape
+from xla_dtensor.core.ir import DATA, Node, clear_cons, data_leaf, partial_barrier, tape
 from xla_dtensor.core.peer_errors import guard
 from xla_dtensor.core.state import STATE
 from xla_dtensor.core.tensor import LazyTensor, Storage, live, value_of
@@ -766,11 +766,12 @@ def _materialize(t: LazyTensor) -> tuple[Any, list, list[Any], int | None]:
     if v.fn is None:
         return v.data, checks, (execute(check_roots) if checks else []), me
     arr, *checked = execute([v] + check_roots)
-    clear_cons()  # NOTE: else a loop of host reads without sync() would keep every step's nodes (and inputs)
+    del v, check_roots  # NOTE: before the barrier, which keeps on the tape what something still holds
     if not t._chain and not any(keep(t._storage) for keep in KEEP_PENDING):
         # NOTE: a view keeps its pending value: a cached leaf could be donated later
         t._storage.value = data_leaf(arr, t._meta[0], t._meta[1])
         t._storage.version += 1
+    partial_barrier()
     return arr, checks, checked, me
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import sys
 from typing import Any, Callable, Iterable
 
 from xla_dtensor import metrics
@@ -90,6 +91,35 @@ def clear_cons() -> None:
     _CONS.clear()
     _TAPE = []
     _BASE += 1 << 32
+
+
+def partial_barrier() -> None:
+    """Forget the hash-consing table and start a new tape holding the old tape's live nodes (at a host read:
+    only the value read has been computed).
+
+    The step's other pending values stay on the tape, so the sync that computes them reads its plan off the
+    tape (``core.plan_cache``) instead of walking a graph that leaves it: transformers' masks read a value to
+    the host in every forward. Only the nodes something else still holds are kept; scanning from the newest,
+    a dropped node releases its inputs before they are looked at, so a loop of host reads without ``sync()``
+    keeps no dead step's nodes, nor the inputs they read.
+    """
+    global _TAPE, _BASE
+    _CONS.clear()
+    _BASE += 1 << 32
+    old, _TAPE = _TAPE, []
+    if old is None:
+        return
+    kept = []
+    for i in range(len(old) - 1, -1, -1):
+        node = old[i]
+        old[i] = None
+        if sys.getrefcount(node) > 2:  # NOTE: 2: ``node`` here and getrefcount's argument
+            kept.append(node)
+    node = None
+    kept.reverse()
+    for i, node in enumerate(kept):
+        node.tix = _BASE + i
+    _TAPE = kept
 
 
 def recorded() -> tuple[list[Node], int] | None:
