@@ -67,6 +67,23 @@ def test_to_cpu_item_tolist_numpy_print(dev):
         t.requires_grad_().numpy()
 
 
+@pytest.mark.parametrize("make", [
+    lambda d: torch.tensor([], dtype=torch.float32, device=d),  # transformers' DynamicCache starts so
+    lambda d: torch.zeros(2, 0, 3, dtype=torch.bfloat16).to(d),
+    lambda d: torch.zeros(4, 0, dtype=torch.int64).t().to(d),
+])
+def test_an_empty_host_tensor_is_made_on_the_device_without_a_transfer(dev, make):
+    sent = xla_dtensor.metrics.counters()["transfers_to_device"]
+    got, want = make(dev), make("cpu")
+    assert xla_dtensor.metrics.counters()["transfers_to_device"] == sent
+    assert (got.shape, got.dtype, got.stride()) == (want.shape, want.dtype, want.contiguous().stride())
+    k = torch.randn(2, 4, 3, 8)
+    if want.dim() == 1:  # torch.cat skips a 1-D empty tensor, as the cache's first update relies on
+        torch.testing.assert_close(torch.cat([got, k.to(dev)], dim=-2).cpu(), torch.cat([want, k], dim=-2))
+    torch.testing.assert_close((got + 1).cpu(), want + 1)
+    assert torch.equal(got.cpu(), want)
+
+
 def test_module_to_device_keeps_parameter_identity(dev):
     m = torch.nn.Linear(3, 2)
     w = m.weight
