@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -70,14 +69,14 @@ def _model(case: str) -> tuple[Any, Any, Any, Any, Any]:
 def _worker(case: str) -> None:
     """One case's process: a step (timed by parts) per ``step`` line on stdin, its figures on stdout."""
     import torch
+
+    from benchmarks._in_turn import serve
     torch.set_num_threads(1)
     model, opt, x, sync, counters = _model(case)
     wait = (lambda: None) if case.startswith("torch") else __import__("xla_dtensor").wait
     clock = time.thread_time
-    print("ready", flush=True)
-    for line in sys.stdin:
-        if line.strip() != "step":
-            break
+
+    def step() -> dict:
         before = counters()
         c0 = clock()
         loss = model(input_ids=x, labels=x).loss
@@ -92,8 +91,8 @@ def _worker(case: str) -> None:
         wait()
         after = counters()
         parts = [1e3 * (b - a) for a, b in ((c0, c1), (c1, c2), (c2, c3), (c3, c4))]
-        print(json.dumps({"ms": 1e3 * (c4 - c0), "parts": parts, **{k: after[k] - before[k] for k in COUNTERS}}),
-              flush=True)
+        return {"ms": 1e3 * (c4 - c0), "parts": parts, **{k: after[k] - before[k] for k in COUNTERS}}
+    serve(step)
 
 
 def _in_turn(rounds: int) -> dict[str, list[dict]]:
@@ -145,12 +144,9 @@ def _table(label: str, got: dict[str, list[dict]]) -> str:
 
 
 def _save(label: str, section: str, got: dict[str, list[dict]]) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    md = RESULTS / "hf_lazy_step.md"
+    from benchmarks._in_turn import save_section
     head = "# transformers' GPT-2: lazy mode against torch eager (benchmarks/hf_lazy_step.py)\n\n"
-    sections = dict(re.findall(r"(?ms)^<!-- (.+?) -->\n(.*?)(?=^<!-- |\Z)", md.read_text())) if md.exists() else {}
-    sections[label] = section + "\n"
-    md.write_text(head + "".join(f"<!-- {k} -->\n{v}" for k, v in sections.items()))
+    save_section(RESULTS / "hf_lazy_step.md", head, label, section)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -333,10 +333,9 @@ def case_lockstep(args: argparse.Namespace) -> dict:
         model, opt, batch = _setup_on("one" if layout in ("phased", "unpacked") else layout, args.opt)
         clock, sync, wait = _host_clock(model, opt, batch, xla_dtensor.sync), xla_dtensor.sync, xla_dtensor.wait
         ops = lambda: metrics.counters()["ops_recorded"]  # noqa: E731
-    print("ready", flush=True)
-    for line in sys.stdin:
-        if line.strip() != "step":
-            break
+    from benchmarks._in_turn import serve
+
+    def step() -> dict:
         m0 = ops()
         h0 = _helper_cpu()
         c0 = clock()
@@ -344,8 +343,8 @@ def case_lockstep(args: argparse.Namespace) -> dict:
         sync()
         c1 = clock()
         wait()
-        print(json.dumps({"cpu_ms": 1e3 * (c1 - c0), "ops": ops() - m0, "helper_ms": 1e3 * (_helper_cpu() - h0)}),
-              flush=True)
+        return {"cpu_ms": 1e3 * (c1 - c0), "ops": ops() - m0, "helper_ms": 1e3 * (_helper_cpu() - h0)}
+    serve(step)
     return {}
 
 
@@ -639,9 +638,8 @@ def _save(label: str, section: str, summary: dict) -> None:
             "10 steps after 3 warm-up; host time = the CPU time of the threads that record. Before the seventh "
             "session's sections: the calling thread's only, which left out the backward that torch ran on its "
             "autograd thread). One section per label.\n\n")
-    sections = dict(re.findall(r"(?ms)^<!-- (.+?) -->\n(.*?)(?=^<!-- |\Z)", md.read_text())) if md.exists() else {}
-    sections[label] = section + "\n"
-    md.write_text(head + "".join(f"<!-- {k} -->\n{v}" for k, v in sections.items()))
+    from benchmarks._in_turn import save_section
+    save_section(md, head, label, section)
     _plot(data)
 
 
