@@ -32,7 +32,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -70,33 +69,24 @@ def _worker(case: str) -> None:
     """One case's process: a step (timed by parts) per ``step`` line on stdin, its figures on stdout."""
     import torch
 
-    from benchmarks._in_turn import serve
+    from benchmarks._in_turn import serve, step_parts
     torch.set_num_threads(1)
     model, opt, x, sync, counters = _model(case)
     wait = (lambda: None) if case.startswith("torch") else __import__("xla_dtensor").wait
-    clock = time.thread_time
 
     def step() -> dict:
         before = counters()
-        c0 = clock()
-        loss = model(input_ids=x, labels=x).loss
-        c1 = clock()
-        loss.backward()
-        c2 = clock()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        c3 = clock()
-        sync()
-        c4 = clock()
+        parts = step_parts(lambda x: model(input_ids=x, labels=x).loss, opt, (x,), 1, sync)
         wait()
         after = counters()
-        parts = [1e3 * (b - a) for a, b in ((c0, c1), (c1, c2), (c2, c3), (c3, c4))]
-        return {"ms": 1e3 * (c4 - c0), "parts": parts, **{k: after[k] - before[k] for k in COUNTERS}}
+        return {"ms": sum(parts.values()), "parts": list(parts.values()),
+                **{k: after[k] - before[k] for k in COUNTERS}}
     serve(step)
 
 
 def _in_turn(rounds: int) -> dict[str, list[dict]]:
     """Each case's figures per round, the cases stepping in turn (3 warm-up rounds dropped)."""
+    from benchmarks._in_turn import step_in_turn
     procs = {c: subprocess.Popen([sys.executable, __file__, "--worker", c], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for c in CASES}
     try:
@@ -104,20 +94,11 @@ def _in_turn(rounds: int) -> dict[str, list[dict]]:
             if p.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"case {c} did not start (exit {p.wait()}); run it alone: "
                                    f"python {__file__} --worker {c}")
-        got: dict[str, list[dict]] = {c: [] for c in CASES}
-        for i in range(3 + rounds):
-            for c, p in procs.items():
-                p.stdin.write("step\n")
-                p.stdin.flush()
-                step = json.loads(p.stdout.readline())
-                if i >= 3:
-                    got[c].append(step)
-            print(f"round {i + 1}/{3 + rounds}", file=sys.stderr, flush=True)
+        return step_in_turn(procs, rounds, progress=True)
     finally:
         for p in procs.values():
             p.stdin.close()
             p.wait()
-    return got
 
 
 def _table(label: str, got: dict[str, list[dict]]) -> str:

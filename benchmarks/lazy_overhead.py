@@ -113,24 +113,9 @@ def _host_clock(model: Any, opt: Any, batch: tuple, sync: Callable[[], None]) ->
 
 def _phases(model: Any, opt: Any, batch: tuple, steps: int, sync: Any = None,
             clock: Callable[[], float] = time.thread_time) -> dict:
-    """Medians (ms) of each part of a step: the recording threads' CPU time (``clock``) of the
-    forward, the backward, the optimizer step (with ``zero_grad``) and ``sync``."""
-    parts: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": [], "sync": []}
-    for _ in range(steps):
-        c0 = clock()
-        loss = model(*batch)
-        c1 = clock()
-        loss.backward()
-        c2 = clock()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        c3 = clock()
-        if sync is not None:
-            sync()
-        c4 = clock()
-        for k, v in zip(parts, (c1 - c0, c2 - c1, c3 - c2, c4 - c3)):
-            parts[k].append(1e3 * v)
-    return {k: statistics.median(v) for k, v in parts.items()}
+    """Medians (ms) of each part of a step (:func:`benchmarks._in_turn.step_parts`)."""
+    from benchmarks._in_turn import step_parts
+    return step_parts(model, opt, batch, steps, sync, clock)
 
 
 def case_torch(args: argparse.Namespace) -> dict:
@@ -371,6 +356,8 @@ def _lockstep(args: argparse.Namespace,
     waited for outside the clock, so no process records while another's program runs.
     """
     import tempfile
+
+    from benchmarks._in_turn import step_in_turn
     procs, logs, failed = {}, {}, {}
     for lay in layouts:
         # no_cxx: one device without the core's C++ part (xla_dtensor.core.cxx): torch's tensor maker and fallback
@@ -390,14 +377,7 @@ def _lockstep(args: argparse.Namespace,
                 del procs[lay]
         if "one" not in procs:
             return failed
-        steps: dict[str, list[dict]] = {lay: [] for lay in procs}
-        for i in range(3 + 3 * args.steps):
-            for lay, proc in procs.items():
-                proc.stdin.write("step\n")
-                proc.stdin.flush()
-                got = json.loads(proc.stdout.readline())
-                if i >= 3:
-                    steps[lay].append(got)
+        steps = step_in_turn(procs, 3 * args.steps)
     finally:
         for proc in procs.values():
             proc.stdin.close()
