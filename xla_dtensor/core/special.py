@@ -19,7 +19,6 @@ from xla_dtensor.core.tensor import LazyTensor, new_tensor, new_view, value_of, 
 
 aten = torch.ops.aten
 _CONVERT_FNS: dict[tuple, Any] = {}
-_EMPTY_FNS: dict[tuple, Any] = {}
 
 
 def _convert(value: Node, src_meta: tuple, shape: tuple, dtype: torch.dtype) -> Node:
@@ -48,16 +47,6 @@ def _copy_(op: Any, args: tuple, kwargs: dict) -> Any:
     return self
 
 
-def _empty(shape: tuple, dtype: torch.dtype) -> Node:
-    """A node making an array of ``shape`` (with a 0 in it) and ``dtype``: a host transfer costs ~90 us."""
-    key = ("empty", shape, dtype)
-    fn = _EMPTY_FNS.get(key)
-    if fn is None:
-        jd = to_jax(dtype)
-        fn = _EMPTY_FNS[key] = lambda: jnp.zeros(shape, jd)
-    return make_node("empty", key, hash(key), (), fn)
-
-
 def _to_copy(op: Any, args: tuple, kwargs: dict) -> Any:
     self = args[0]
     dtype = kwargs.get("dtype") or self.dtype
@@ -68,9 +57,8 @@ def _to_copy(op: Any, args: tuple, kwargs: dict) -> Any:
     if not supported(dtype):
         to_jax(dtype)
     if not isinstance(self, LazyTensor):  # host tensor to the device
-        if self.numel() == 0:  # no contents to send: the program makes it (transformers' KV cache starts so)
-            shape = tuple(self.shape)
-            return new_tensor((shape, dtype, tuple(self.contiguous().stride())), _empty(shape, dtype))
+        if self.numel() == 0 and device is not None:  # no contents to send: the program makes it (transformers'
+            return aten.empty.memory_format(tuple(self.shape), dtype=dtype, device=device)  # KV cache starts so)
         host = self.detach().to(dtype).contiguous()
         return new_tensor((tuple(host.shape), dtype, tuple(host.stride())), to_device(host))
     meta = (self._meta[0], dtype, self._meta[2])

@@ -76,7 +76,7 @@ def test_an_empty_host_tensor_is_made_on_the_device_without_a_transfer(dev, make
     sent = xla_dtensor.metrics.counters()["transfers_to_device"]
     got, want = make(dev), make("cpu")
     assert xla_dtensor.metrics.counters()["transfers_to_device"] == sent
-    assert (got.shape, got.dtype, got.stride()) == (want.shape, want.dtype, want.contiguous().stride())
+    assert (got.shape, got.dtype, got.stride()) == (want.shape, want.dtype, torch.empty(want.shape).stride())
     k = torch.randn(2, 4, 3, 8)
     if want.dim() == 1:  # torch.cat skips a 1-D empty tensor, as the cache's first update relies on
         torch.testing.assert_close(torch.cat([got, k.to(dev)], dim=-2).cpu(), torch.cat([want, k], dim=-2))
