@@ -9,7 +9,8 @@ labels=x).loss``, in two configurations that take different paths through transf
   whether the positions pack several sequences (``masking_utils.find_packed_sequence_indices``): a
   host read, and a partial barrier, in the middle of every step;
 * ``use_cache=True`` (the config's default): a ``DynamicCache`` whose layers start from
-  ``torch.tensor([], device=...)``, two empty host tensors sent to the device per layer per step.
+  ``torch.tensor([], device=...)``: two empty host tensors per layer per step (recorded as ``aten.empty``;
+  sent to the device before this session's change).
 
 Cases, each in its own process (``torch.set_num_threads(1)``), stepping in turn one step each round
 after 3 warm-up steps (the machine's speed drifts over minutes): torch eager on CPU and lazy on the
@@ -50,7 +51,7 @@ def _model(case: str) -> tuple[Any, Any, Any, Any, Any]:
     import transformers
     cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=N_EMBD, n_layer=N_LAYER, n_head=N_HEAD,
                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                  use_cache=case.endswith("_cache") and not case.endswith("no_cache"))
+                                  use_cache=not case.endswith("no_cache"))
     if case.startswith("torch"):
         dev, sync, counters = torch.device("cpu"), (lambda: None), (lambda: dict.fromkeys(COUNTERS, 0))
     else:

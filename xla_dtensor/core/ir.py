@@ -103,10 +103,9 @@ def partial_barrier() -> None:
     a dropped node releases its inputs before they are looked at, so a loop of host reads without ``sync()``
     keeps no dead step's nodes, nor the inputs they read.
     """
-    global _TAPE, _BASE
-    _CONS.clear()
-    _BASE += 1 << 32
-    old, _TAPE = _TAPE, []
+    global _TAPE
+    old = _TAPE
+    clear_cons()
     if old is None:
         return
     kept = []

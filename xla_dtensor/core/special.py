@@ -57,8 +57,8 @@ def _to_copy(op: Any, args: tuple, kwargs: dict) -> Any:
     if not supported(dtype):
         to_jax(dtype)
     if not isinstance(self, LazyTensor):  # host tensor to the device
-        if self.numel() == 0 and device is not None:  # no contents to send: the program makes it (transformers'
-            return aten.empty.memory_format(tuple(self.shape), dtype=dtype, device=device)  # KV cache starts so)
+        if self.numel() == 0 and device is not None:  # nothing to send: the program makes it (a KV cache's start)
+            return aten.empty.memory_format(tuple(self.shape), dtype=dtype, device=device)
         host = self.detach().to(dtype).contiguous()
         return new_tensor((tuple(host.shape), dtype, tuple(host.stride())), to_device(host))
     meta = (self._meta[0], dtype, self._meta[2])

@@ -90,7 +90,7 @@ def hf_cpu_losses():
 def test_hf_gpt2_steps_reuse_the_walk_and_train_like_cpu(hf_cpu_losses, checked, dev, mode, cache):
     base, want = hf_cpu_losses
     base = copy.deepcopy(base)
-    base.config.use_cache = cache  # with a cache: no host read, the empty cache tensors sent to the device
+    base.config.use_cache = cache  # with a cache: no host read; the cache starts from empty host tensors
     model, put = _layout(mode, base, dev)
     reads = metrics.counters()["transfers_to_host"]
     got = train(_loss(model), BATCHES, _adamw(model.parameters()), put=put, sync=xla_dtensor.sync)
