@@ -118,6 +118,24 @@ def _phases(model: Any, opt: Any, batch: tuple, steps: int, sync: Any = None,
     return step_parts(model, opt, batch, steps, sync, clock)
 
 
+def _ops_per_part(model: Any, opt: Any, batch: tuple, sync: Callable[[], None]) -> dict[str, int]:
+    """The ops each part of one step records (``metrics ops_recorded``), parts as in :func:`_phases`."""
+    from xla_dtensor import metrics
+
+    def ops() -> int:
+        return metrics.counters()["ops_recorded"]
+    n0 = ops()
+    loss = model(*batch)
+    n1 = ops()
+    loss.backward()
+    n2 = ops()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    n3 = ops()
+    sync()
+    return {"forward": n1 - n0, "backward": n2 - n1, "optimizer": n3 - n2, "sync": ops() - n3}
+
+
 def case_torch(args: argparse.Namespace) -> dict:
     import torch
     torch.set_num_threads(1)
@@ -254,11 +272,12 @@ def case_lazy(args: argparse.Namespace, layout: str = "one", backward_on_caller:
         waited_host.append(w1 - w0)
         device.append(w2 - w1)
     phases = _phases(model, opt, batch, args.steps, xla_dtensor.sync, clock)
+    part_ops = _ops_per_part(model, opt, batch, xla_dtensor.sync)
     compiles, reused = metrics.counters()["compiles"], metrics.counters()["plans_reused"]
     from xla_dtensor.core import native
     per_op = _per_op(dev) if layout == "one" else {}
     return {"native": native.ON, "per_op_us": per_op, "plans_reused": reused, "syncs": 4 * args.steps + 4,
-            "phases": phases,
+            "phases": phases, "part_ops": part_ops,
             "cpu_ms": 1e3 * statistics.median(cpu), "host_wall_ms": 1e3 * statistics.median(host_wall),
             "ops": statistics.median(ops), "us_per_op": 1e6 * statistics.median(cpu) / statistics.median(ops),
             "step_wall_ms": 1e3 * back_to_back, "waited_host_ms": 1e3 * statistics.median(waited_host),
@@ -595,6 +614,11 @@ def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, py: dict, ph: dic
     for who, res in (("torch eager", t), ("lazy", lz), ("lazy, Python recorder", py), ("lazy, autograd thread", eng),
                      ("lazy, in phases", ph)):
         lines.append(f"  {who:<22}" + "".join(f"{res['phases'].get(k, 0.0):>15.2f}" for k in lz["phases"]))
+    if "part_ops" in lz:  # what each part records, and its CPU time per recorded op
+        lines.append(f"  {'lazy: ops recorded':<22}" + "".join(f"{lz['part_ops'].get(k, 0):>15d}" for k in lz["phases"]))
+        lines.append(f"  {'lazy: us / op':<22}" + "".join(
+            f"{1e3 * lz['phases'][k] / lz['part_ops'][k]:>15.2f}" if lz["part_ops"].get(k) else f"{'-':>15}"
+            for k in lz["phases"]))
     lines.append("")
     lines.append(f"profile (cProfile, thread CPU time; {pr['total_ms']:.1f} ms/step under the profiler), us per op:")
     for k, v in sorted(pr["bins_us_per_op"].items(), key=lambda kv: -kv[1]):
