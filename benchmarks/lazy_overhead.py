@@ -119,21 +119,12 @@ def _phases(model: Any, opt: Any, batch: tuple, steps: int, sync: Any = None,
 
 
 def _ops_per_part(model: Any, opt: Any, batch: tuple, sync: Callable[[], None]) -> dict[str, int]:
-    """The ops each part of one step records (``metrics ops_recorded``), parts as in :func:`_phases`."""
+    """The ops each part of one step records (``metrics ops_recorded``), parts as in :func:`_phases`:
+    :func:`benchmarks._in_turn.step_parts` with that counter for its clock (which it reports in thousandths)."""
+    from benchmarks._in_turn import step_parts
     from xla_dtensor import metrics
-
-    def ops() -> int:
-        return metrics.counters()["ops_recorded"]
-    n0 = ops()
-    loss = model(*batch)
-    n1 = ops()
-    loss.backward()
-    n2 = ops()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    n3 = ops()
-    sync()
-    return {"forward": n1 - n0, "backward": n2 - n1, "optimizer": n3 - n2, "sync": ops() - n3}
+    counted = step_parts(model, opt, batch, 1, sync, lambda: metrics.counters()["ops_recorded"])
+    return {k: round(v / 1e3) for k, v in counted.items()}
 
 
 def case_torch(args: argparse.Namespace) -> dict:
