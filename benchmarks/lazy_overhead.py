@@ -120,7 +120,8 @@ def _phases(model: Any, opt: Any, batch: tuple, steps: int, sync: Any = None,
 
 def _ops_per_part(model: Any, opt: Any, batch: tuple, sync: Callable[[], None]) -> dict[str, int]:
     """The ops each part of one step records (``metrics ops_recorded``), parts as in :func:`_phases`:
-    :func:`benchmarks._in_turn.step_parts` with that counter for its clock (which it reports in thousandths)."""
+    :func:`benchmarks._in_turn.step_parts` with that counter for its clock (it scales each difference by
+    1,000, seconds to ms; undone here)."""
     from benchmarks._in_turn import step_parts
     from xla_dtensor import metrics
     counted = step_parts(model, opt, batch, 1, sync, lambda: metrics.counters()["ops_recorded"])
