@@ -606,11 +606,10 @@ def _table(label: str, opt: str, t: dict, lz: dict, eng: dict, py: dict, ph: dic
     for who, res in (("torch eager", t), ("lazy", lz), ("lazy, Python recorder", py), ("lazy, autograd thread", eng),
                      ("lazy, in phases", ph)):
         lines.append(f"  {who:<22}" + "".join(f"{res['phases'].get(k, 0.0):>15.2f}" for k in lz["phases"]))
-    if "part_ops" in lz:  # what each part records, and its CPU time per recorded op
-        lines.append(f"  {'lazy: ops recorded':<22}" + "".join(f"{lz['part_ops'].get(k, 0):>15d}" for k in lz["phases"]))
-        lines.append(f"  {'lazy: us / op':<22}" + "".join(
-            f"{1e3 * lz['phases'][k] / lz['part_ops'][k]:>15.2f}" if lz["part_ops"].get(k) else f"{'-':>15}"
-            for k in lz["phases"]))
+    ops = lz["part_ops"]  # what each part records (the same parts as the phases), and its CPU time per op
+    lines.append(f"  {'lazy: ops recorded':<22}" + "".join(f"{ops[k]:>15d}" for k in lz["phases"]))
+    lines.append(f"  {'lazy: us / op':<22}" + "".join(
+        f"{1e3 * lz['phases'][k] / ops[k]:>15.2f}" if ops[k] else f"{'-':>15}" for k in lz["phases"]))
     lines.append("")
     lines.append(f"profile (cProfile, thread CPU time; {pr['total_ms']:.1f} ms/step under the profiler), us per op:")
     for k, v in sorted(pr["bins_us_per_op"].items(), key=lambda kv: -kv[1]):
