@@ -42,10 +42,10 @@ subclass) and on torch's CPU kernels.
   process, one step each in turn (:func:`_lockstep`): the lazy / torch eager and sharded / one-device
   ratios without the drift between runs.
 * recording alone (``--record-only``; ``--case record_only --layout L`` per process): one device,
-  2x4 Megatron and AUTO each record the forward and backward ``--steps`` times and never sync, after
-  waiting for their warm-up steps: what recording costs per layout with no program running beside it
-  (on CPU the "devices" are the host's cores, and a sharded step's program runs on all of them).
-  Printed, not saved.
+  2x4 Megatron and AUTO each record the forward and backward ``--steps`` times, with ``sync()`` and
+  ``wait()`` between steps outside the timed part and nothing alive to compute: what recording costs per
+  layout with no program running beside it (on CPU the "devices" are the host's cores, and a sharded step's
+  program runs on all of them). Printed, not saved.
 
 Usage: PYTHONPATH=. python benchmarks/lazy_overhead.py [--opt adamw|sgd] [--label after]
 [--steps 10] [--rounds 3] [--no-save]
@@ -277,28 +277,36 @@ def case_lazy(args: argparse.Namespace, layout: str = "one", backward_on_caller:
 
 
 def case_record_only(args: argparse.Namespace) -> dict:
-    """``--layout``'s model: medians of the forward's and the backward's recording CPU ms (calling thread),
-    ``--steps`` times after 3 synced and waited warm-up steps, never synced (no device work)."""
+    """``--layout``'s model: medians of the forward's and the backward's recording CPU ms (calling thread)
+    and of the ops they record, ``--steps`` times after 3 synced and waited warm-up steps. Between steps,
+    outside the timed part, the gradients are dropped and ``sync()`` and ``wait()`` run: with no tensor of
+    the step alive there is nothing to compute, and the step's hash-cons table goes (kept, it would answer
+    every op of the next, identical step with a node already made)."""
     import torch
     torch.set_num_threads(1)
     import xla_dtensor
+    from xla_dtensor import metrics
     model, opt, batch = _setup_on(args.layout, args.opt)
     for _ in range(3):
         _step(model, opt, batch)
         xla_dtensor.sync()
     xla_dtensor.wait()
-    fwd, bwd = [], []
+    fwd, bwd, ops = [], [], []
     for _ in range(args.steps):
+        m0 = metrics.counters()["ops_recorded"]
         c0 = time.thread_time()
         loss = model(*batch)
         c1 = time.thread_time()
         loss.backward()
         c2 = time.thread_time()
+        ops.append(metrics.counters()["ops_recorded"] - m0)
         fwd.append(1e3 * (c1 - c0))
         bwd.append(1e3 * (c2 - c1))
         opt.zero_grad(set_to_none=True)  # the graph goes with the loss and the gradients: nothing is computed
         del loss
-    return {"forward_ms": statistics.median(fwd), "backward_ms": statistics.median(bwd)}
+        xla_dtensor.sync()
+        xla_dtensor.wait()
+    return {"forward_ms": statistics.median(fwd), "backward_ms": statistics.median(bwd), "ops": statistics.median(ops)}
 
 
 def _record_only(args: argparse.Namespace) -> dict:

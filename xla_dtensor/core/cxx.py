@@ -76,14 +76,16 @@ def target() -> Path:
     return build_dir() / f"{_stem()}-{digest}{_SUFFIX}"
 
 
-def _command(out: Path) -> list[str]:
+def command(out: Path, source: Path = SOURCE) -> list[str]:
+    """The compiler's command line building ``source`` (a C++ file using torch's headers and the Python C API) into
+    the extension module ``out`` for the installed torch and this Python."""
     import torch
     from torch.utils import cpp_extension
     lib = Path(torch.__file__).parent / "lib"
     includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
     return [os.environ.get("CXX", "g++"), "-O2", "-std=c++17", "-shared", "-fPIC", "-w",
             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-            *(f"-I{p}" for p in includes), str(SOURCE), "-o", str(out),
+            *(f"-I{p}" for p in includes), str(source), "-o", str(out),
             f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python"]
 
 
@@ -108,7 +110,7 @@ def build(quiet: bool = False) -> Path:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
         try:
-            done = subprocess.run(_command(Path(tmp)), capture_output=True, text=True)
+            done = subprocess.run(command(Path(tmp)), capture_output=True, text=True)
             if done.returncode != 0:
                 errors = [line for line in (done.stderr or done.stdout).splitlines() if "error" in line]
                 raise RuntimeError(f"compiling {SOURCE.name} failed (exit {done.returncode})"
