@@ -10,7 +10,8 @@
 // input itself for an in-place or out= op. Multi-output ops get one index node per output, as the lazy core
 // records them. Nothing is ever computed: the probe measures recording only.
 //
-// Left out, on purpose: views' in-place writes reaching their base, the device program, sync.
+// Left out, on purpose: views' in-place writes reaching their base, the device program, sync. The device guard
+// is the lazy core's (xla_dtensor/core/_cxx.cpp's register_device_guard, loaded without the rest of the library).
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -18,7 +19,6 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/TensorImpl.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
 #include <cstring>
@@ -348,29 +348,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&record>());
 }
 
-// ------------------------------------------------------------------------------------ device guard
-
-struct Guard final : public c10::impl::DeviceGuardImplInterface {
-  c10::DeviceType type() const override { return kType; }
-  c10::Device exchangeDevice(c10::Device) const override { return getDevice(); }
-  c10::Device getDevice() const override { return c10::Device(kType, 0); }
-  void setDevice(c10::Device) const override {}
-  void uncheckedSetDevice(c10::Device) const noexcept override {}
-  c10::Stream getStream(c10::Device) const noexcept override {
-    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kType, 0));
-  }
-  c10::Stream exchangeStream(c10::Stream) const noexcept override { return getStream(getDevice()); }
-  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
-  void record(void **, const c10::Stream &, const c10::DeviceIndex, const c10::EventFlag) const override {}
-  void block(void *, const c10::Stream &) const override {}
-  bool queryEvent(void *) const override { return true; }
-  void destroyEvent(void *, const c10::DeviceIndex) const noexcept override {}
-  bool queryStream(const c10::Stream &) const override { return true; }
-  void synchronizeStream(const c10::Stream &) const override {}
-};
-
-Guard guard;
-c10::impl::DeviceGuardImplRegistrar registrar(kType, &guard);
+// ------------------------------------------------------------------------------------ device hooks
 
 // what autograd's engine asks of a PrivateUse1 backend
 struct Hooks final : public at::PrivateUse1HooksInterface {

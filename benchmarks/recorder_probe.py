@@ -75,9 +75,19 @@ def build() -> Path:
     return out
 
 
-def _load_probe(path: Path) -> Any:
-    """The probe's module, with PrivateUse1 named ``probe`` and a device module for torch's Python side."""
+def _load(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def _load_probe(path: Path, cxx_path: Path) -> Any:
+    """The probe's module, with PrivateUse1 named ``probe``, the lazy core's C++ device guard (its ``_cxx`` module
+    loaded alone: importing ``xla_dtensor`` would take PrivateUse1) and a device module for torch's Python side."""
     import torch
+    if not _load("xla_dtensor.core._cxx", cxx_path).register_device_guard():
+        raise RuntimeError("PrivateUse1 has a device guard already: the probe needs a process of its own")
     torch.utils.rename_privateuse1_backend("probe")
     dev = types.ModuleType("probe")
     for name, fn in {"is_available": lambda: True, "device_count": lambda: 1, "current_device": lambda: 0,
@@ -85,10 +95,7 @@ def _load_probe(path: Path) -> Any:
                      "manual_seed_all": lambda seed: None}.items():
         setattr(dev, name, fn)
     torch._register_device_module("probe", dev)
-    spec = importlib.util.spec_from_file_location("_recorder_probe", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    return _load("_recorder_probe", path)
 
 
 def _serve(model: Any, batch: tuple, after: Callable[[], None], count: Callable[[], int], dev: Any,
@@ -169,7 +176,7 @@ def case_lazy(args: argparse.Namespace) -> None:
 
 def case_probe(args: argparse.Namespace, nodes: bool = True) -> None:
     import torch
-    probe = _load_probe(Path(args.probe))
+    probe = _load_probe(Path(args.probe), Path(args.cxx))
     probe.set_nodes(nodes)
     from benchmarks.lazy_overhead import _setup
     torch.set_num_threads(1)
@@ -190,7 +197,8 @@ def case_probe(args: argparse.Namespace, nodes: bool = True) -> None:
 
 
 def _start(case: str, probe: Path) -> Any:
-    cmd = [sys.executable, __file__, "--case", case, "--probe", str(probe)]
+    from xla_dtensor.core import cxx
+    cmd = [sys.executable, __file__, "--case", case, "--probe", str(probe), "--cxx", str(cxx.build())]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT.parent), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     if proc.stdout.readline().strip() != "ready":
@@ -258,6 +266,7 @@ def main() -> None:
     p.add_argument("--case", choices=CASES)
     p.add_argument("--steps", type=int, default=30, help="rounds in turn, one step of each case a round")
     p.add_argument("--probe", help=argparse.SUPPRESS)
+    p.add_argument("--cxx", help=argparse.SUPPRESS)
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args()
     if args.case:
