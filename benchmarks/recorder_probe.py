@@ -68,10 +68,7 @@ def build() -> Path:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"compiling {SOURCE.name} (~25 s)", file=sys.stderr, flush=True)
-    done = subprocess.run(cxx.command(out, SOURCE), capture_output=True, text=True)
-    if done.returncode != 0:
-        errors = [line for line in done.stderr.splitlines() if "error" in line]
-        raise RuntimeError(f"compiling {SOURCE.name} failed: {errors[0] if errors else done.returncode}")
+    cxx.compile_to(out, SOURCE)
     return out
 
 
@@ -196,9 +193,8 @@ def case_probe(args: argparse.Namespace, nodes: bool = True) -> None:
     _serve(model, batch, after, lambda: probe.counts()[0], "probe", probe.reset)
 
 
-def _start(case: str, probe: Path) -> Any:
-    from xla_dtensor.core import cxx
-    cmd = [sys.executable, __file__, "--case", case, "--probe", str(probe), "--cxx", str(cxx.build())]
+def _start(case: str, probe: Path, core_cxx: Path) -> Any:
+    cmd = [sys.executable, __file__, "--case", case, "--probe", str(probe), "--cxx", str(core_cxx)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT.parent), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     if proc.stdout.readline().strip() != "ready":
@@ -211,8 +207,9 @@ def _in_turn(args: argparse.Namespace) -> dict[str, dict]:
     """The cases in their own processes, one step each in turn, ``--steps`` rounds after 3 warm-up rounds: each
     one's medians, the median over rounds of its step / torch eager's, and its single ops."""
     from benchmarks._in_turn import step_in_turn
-    probe = build()
-    procs = {c: _start(c, probe) for c in CASES}
+    from xla_dtensor.core import cxx
+    probe, core_cxx = build(), cxx.build()
+    procs = {c: _start(c, probe, core_cxx) for c in CASES}
     try:
         steps = step_in_turn(procs, args.steps, progress=True)
         single = {}

@@ -89,6 +89,23 @@ def command(out: Path, source: Path = SOURCE) -> list[str]:
             f"-L{lib}", f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python"]
 
 
+def compile_to(out: Path, source: Path = SOURCE) -> None:
+    """Compile ``source`` into the module ``out`` (:func:`command`) through a temporary file beside it, so ``out`` is
+    whole or absent. Raises ``RuntimeError`` with the compiler's exit status and first error line."""
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run(command(Path(tmp), source), capture_output=True, text=True)
+        if done.returncode != 0:
+            errors = [line for line in (done.stderr or done.stdout).splitlines() if "error" in line]
+            raise RuntimeError(f"compiling {source.name} failed (exit {done.returncode})"
+                               + (f": {errors[0].strip()}" if errors else ""))
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def build(quiet: bool = False) -> Path:
     """Compile the module for this torch unless it is cached; its path. Raises on a failed build.
 
@@ -107,19 +124,8 @@ def build(quiet: bool = False) -> Path:
         if not quiet:
             print(f"xla_dtensor: compiling {SOURCE.name} for this torch (once, ~15 s) into {out.parent}",
                   file=sys.stderr, flush=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-        try:
-            done = subprocess.run(command(Path(tmp)), capture_output=True, text=True)
-            if done.returncode != 0:
-                errors = [line for line in (done.stderr or done.stdout).splitlines() if "error" in line]
-                raise RuntimeError(f"compiling {SOURCE.name} failed (exit {done.returncode})"
-                                   + (f": {errors[0].strip()}" if errors else ""))
-            os.replace(tmp, out)
-            _prune(out)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        compile_to(out)
+        _prune(out)
     return out
 
 
