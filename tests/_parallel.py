@@ -199,6 +199,25 @@ def early(name: str, fn: Callable[[], Any]) -> Any:
     return job.value
 
 
+def cancel(name: str) -> bool:
+    """Drop background job ``name`` if the lane has not started it: whether it was dropped (it then never runs,
+    and :func:`early` would run it in the caller)."""
+    with _LOCK:
+        job = _JOBS.get(name)
+        if job is None or job.state != "queued":
+            return False
+        del _JOBS[name]
+        job.state = "taken"
+    return True
+
+
+def finished(name: str) -> bool:
+    """Whether background job ``name`` has ended (or is not on the lane: :func:`early` took or dropped it)."""
+    with _LOCK:
+        job = _JOBS.get(name)
+    return job is None or job.done.is_set()
+
+
 def _lane() -> None:
     while True:
         with _LOCK:

@@ -15,6 +15,7 @@ if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 
 import gc  # noqa: E402
 import sys  # noqa: E402
+from typing import Any  # noqa: E402
 
 import mesh  # noqa: E402,F401  (must precede any jax import: sets the virtual device count)
 import pytest  # noqa: E402
@@ -50,9 +51,16 @@ def _release_executables_per_module():
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The selected tests of tests/_offload.py's modules become proxies of one background pytest run."""
+    """The selected tests of tests/_offload.py's modules go to the end, shared with one background pytest run."""
     from tests import _offload
     _offload.offload(config, items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """A test of tests/_offload.py's modules that the background pytest took runs there: its proxy runs here."""
+    from tests import _offload
+    return _offload.protocol(item, nextitem)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -70,6 +78,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 start(session)
     from tests import _offload
     _offload.queue(session.config)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Which process ran the offloaded modules (tests/_offload.py)."""
+    from tests import _offload
+    line = _offload.summary(config)
+    if line:
+        terminalreporter.write_line(line)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
