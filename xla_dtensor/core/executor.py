@@ -549,8 +549,9 @@ def _sync(pre_hooks: bool, all_threads: bool, pack: bool = True) -> tuple[list[A
         # step's recording (core.reaper); the names below were its last references here. On one device the free
         # is short (its state is a few packs) and a helper thread's wake-ups cost the next step more. Without
         # donation the old arrays still hold their memory: freed here, at once
-        reaper.drop((before, values, roots, plan))
+        garbage = [before, values, roots, plan]
         del before, values, roots, plan
+        reaper.drop(garbage)
     return done, checks, checked, owner
 
 

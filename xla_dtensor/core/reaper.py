@@ -8,7 +8,9 @@ releases the GIL for most of it, so a helper thread frees them while the caller 
 next step. A program on one device is freed by the caller (``executor._sync``): its state is
 a few packs (0.26 ms), and there the helper's wake-ups made back-to-back steps slower.
 
-:func:`drop` hands the garbage to the helper (started on first use, again after a fork);
+:func:`drop` takes the garbage out of the caller's list and hands it to the helper (started on first
+use, again after a fork): the caller keeps no reference the helper could outlive, so the free is the
+helper's even when it runs at once;
 :func:`drain` waits until all of it is freed: ``sync(wait=True)`` and ``wait()`` drain, so
 after them nothing a finished step read is alive. At most :data:`MAX_QUEUED` graphs wait:
 beyond that the caller frees its own, so a starved helper never holds more than that in memory.
@@ -16,7 +18,10 @@ beyond that the caller frees its own, so a starved helper never holds more than 
 
 Example:
     >>> from xla_dtensor.core import reaper
-    >>> reaper.drop([object()])
+    >>> garbage = [object()]
+    >>> reaper.drop(garbage)
+    >>> garbage
+    []
     >>> reaper.drain()
     True
     >>> reaper.queued()
@@ -45,6 +50,7 @@ class _Reaper:
         self.thread: threading.Thread | None = None
         self.waiting = 0  # graphs put and not yet freed
         self.idle = threading.Condition(threading.Lock())
+        self.handoff = threading.Lock()  # held by drop until its own names are gone
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._run, name="xla_dtensor-reaper", daemon=True)
@@ -54,6 +60,8 @@ class _Reaper:
         get = self.queue.get
         while True:
             garbage = get()
+            with self.handoff:  # drop has let go of it
+                pass
             del garbage  # NOTE: the whole point: the last reference dies here, on this thread
             with self.idle:
                 self.waiting -= 1
@@ -64,17 +72,23 @@ class _Reaper:
 _REAPER = _Reaper()
 
 
-def drop(garbage: Any) -> None:
-    """Free ``garbage`` (the caller's last reference to it) on the helper thread, or here when
+def drop(garbage: list[Any]) -> None:
+    """Free the items of ``garbage`` (the caller's only references to them) on the helper thread:
+    ``garbage`` is emptied. Left as it is, freed when the caller lets go of it, when
     ``config.free_on_helper`` is off or :data:`MAX_QUEUED` graphs already wait."""
     r = _REAPER
     if not config.free_on_helper or r.waiting >= MAX_QUEUED:
-        return  # freed when the caller's reference dies
+        return
     if r.thread is None:
         r.start()
     with r.idle:
         r.waiting += 1
-    r.queue.put(garbage)
+    # NOTE: the helper may run as soon as the item is queued: under the lock until no name here holds it
+    with r.handoff:
+        items = garbage[:]
+        garbage.clear()
+        r.queue.put(items)
+        del items
 
 
 def drain(timeout: float | None = None) -> bool:
